@@ -1,0 +1,361 @@
+"""Typed configuration: one dataclass per component, nested in one experiment config.
+
+`load_config(argv, GRPOConfig)` reads `--config file.yaml` plus `key=value` overrides with
+omegaconf and returns real dataclass objects. Unknown keys fail naming their dotted path and
+the closest valid names; wrong types fail naming the field and the expected type.
+
+Each field is documented once, here. Derived values are properties. Validation that needs
+more than a type lives in `__post_init__` and says what to set instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+def _check_choice(owner: str, name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{owner}.{name}={value!r} is not supported; choose one of {list(choices)}")
+
+
+def _check_positive(owner: str, name: str, value: float | int, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{owner}.{name}={value!r} must be {bound}")
+
+
+@dataclass
+class GenerationHyperparameters:
+    """Sampling settings for rollouts (sent to the servers as SGLang `sampling_params`)."""
+
+    group_size: int = 4  # samples per prompt (GRPO group)
+    max_new_tokens: int = 64  # budget of generated tokens per sample
+    min_new_tokens: int = 0  # EOS/stop is suppressed until this many tokens are out
+    temperature: float = 1.0  # < 1e-6 means greedy, as in SGLang
+    top_p: float = 1.0
+    top_k: int = -1  # -1: whole vocabulary
+    stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids besides EOS
+    stop: list[str] = field(default_factory=list)  # stop strings
+    frequency_penalty: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_positive("gconfig", "group_size", self.group_size)
+        _check_positive("gconfig", "max_new_tokens", self.max_new_tokens)
+        _check_positive("gconfig", "temperature", self.temperature, allow_zero=True)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"gconfig.top_p={self.top_p} must be in (0, 1]")
+        if self.top_k != -1 and self.top_k < 1:
+            raise ConfigError(f"gconfig.top_k={self.top_k} must be -1 (whole vocabulary) or >= 1")
+
+    def sampling_params(self) -> dict[str, Any]:
+        """SGLang `sampling_params` for one request; never sends a null value."""
+        params: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+        }
+        if self.min_new_tokens:
+            params["min_new_tokens"] = self.min_new_tokens
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.frequency_penalty:
+            params["frequency_penalty"] = self.frequency_penalty
+        return params
+
+
+@dataclass
+class InferenceEngineConfig:
+    """The rollout client (`RemoteSGLangEngine`) and its workflow executor."""
+
+    max_concurrent_rollouts: int | None = None  # in-flight trajectories; None: the batch size
+    max_head_offpolicyness: int = 0  # staleness bound in versions; 0 is synchronous
+    request_timeout: float = 3600.0  # seconds for one /generate call (includes pause windows)
+    request_retries: int = 3  # attempts on connection errors and 5xx, with backoff
+    setup_timeout: float = 120.0  # seconds to wait for servers to become healthy
+    health_check_interval: float = 5.0  # seconds between probes of servers out of rotation
+    pause_grace_period: float = 0.0  # seconds to sleep after pausing before a weight upload
+
+    def __post_init__(self) -> None:
+        _check_positive("rollout", "max_head_offpolicyness", self.max_head_offpolicyness, allow_zero=True)
+        if self.max_concurrent_rollouts is not None:
+            _check_positive("rollout", "max_concurrent_rollouts", self.max_concurrent_rollouts)
+        _check_positive("rollout", "request_timeout", self.request_timeout)
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW with warmup and a learning-rate schedule."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    warmup_steps_proportion: float = 0.0
+    lr_scheduler_type: str = "constant"  # constant | linear | cosine
+    min_lr_ratio: float = 0.0  # floor of linear/cosine decay, as a fraction of lr
+    gradient_clipping: float = 1.0  # max global grad norm; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        _check_choice("optimizer", "lr_scheduler_type", self.lr_scheduler_type, ("constant", "linear", "cosine"))
+        _check_positive("optimizer", "lr", self.lr)
+
+
+@dataclass
+class MicroBatchSpec:
+    """How a batch is split for forward/backward passes."""
+
+    n_mbs: int = 1  # minimum number of micro-batches
+    max_tokens_per_mb: int | None = None  # token budget of one packed micro-batch
+
+
+@dataclass
+class TrainEngineConfig:
+    """The FSDP2 training engine: model, precision, optimizer, micro-batching."""
+
+    path: str = ""  # HF model folder to load
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
+    gradient_checkpointing: bool = False
+    cpu_offload: bool = False
+    optimizer: OptimizerConfig | None = field(default_factory=OptimizerConfig)  # None: frozen (reference model)
+    mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+
+    def __post_init__(self) -> None:
+        _check_choice("actor", "dtype", self.dtype, ("auto", "float32", "bfloat16"))
+
+
+@dataclass
+class PPOActorConfig(TrainEngineConfig):
+    """PPO/GRPO actor: losses and advantages on top of the training engine."""
+
+    group_size: int = 4  # samples per prompt, for group-relative advantages
+    ppo_n_minibatches: int = 1  # optimizer steps per training step
+    eps_clip: float = 0.2  # PPO clip range (lower, and upper unless eps_clip_higher is set)
+    eps_clip_higher: float | None = None  # DAPO clip-higher upper bound
+    c_clip: float | None = None  # dual-clip constant (> 1); None disables
+    temperature: float = 1.0  # must equal the rollout temperature for logprobs to match
+    reward_scaling: float = 1.0
+    reward_bias: float = 0.0
+    reward_clip: float = 20.0
+    adv_norm: str = "group"  # group (GRPO) | group_mean (Dr.GRPO) | rloo | batch | none
+    kl_ctl: float = 0.0  # weight of the KL to the reference model
+    use_decoupled_loss: bool = False  # ratio to prox_logp with a behaviour importance weight
+    behav_imp_weight_cap: float | None = None
+    recompute_logprob: bool = True  # recompute prox_logp with current weights before the update
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_choice("actor", "adv_norm", self.adv_norm, ("group", "group_mean", "rloo", "batch", "none"))
+        if self.c_clip is not None and self.c_clip <= 1.0:
+            raise ConfigError(f"actor.c_clip={self.c_clip} must be > 1 (dual clip), or null to disable")
+
+
+@dataclass
+class DatasetConfig:
+    """A dataset and its loader."""
+
+    path: str = ""  # jsonl/parquet file or folder; unused for type=arithmetic
+    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl
+    batch_size: int = 8  # prompts per step (across all ranks)
+    shuffle: bool = True
+    num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic)
+    max_prompt_tokens: int | None = None  # drop prompts longer than this
+
+    def __post_init__(self) -> None:
+        _check_choice("dataset", "type", self.type, ("gsm8k", "math500", "arithmetic", "jsonl"))
+        _check_positive("dataset", "batch_size", self.batch_size)
+
+
+@dataclass
+class ServerConfig:
+    """Inference servers: the built-in CPU server or SGLang."""
+
+    backend: str = "auto"  # auto (SGLang with CUDA, built-in otherwise) | builtin | sglang
+    model_path: str = ""  # defaults to actor.path
+    dtype: str = "auto"
+    context_length: int | None = None  # defaults to the model's max_position_embeddings
+    max_running_requests: int = 64
+    random_seed: int = 1
+    extra_args: list[str] = field(default_factory=list)  # appended to the server command line
+
+    def __post_init__(self) -> None:
+        _check_choice("server", "backend", self.backend, ("auto", "builtin", "sglang"))
+
+
+@dataclass
+class LauncherConfig:
+    """Process allocation for the launchers."""
+
+    n_servers: int = 1  # inference servers
+    n_trainers: int = 1  # trainer processes (torchrun nproc_per_node)
+    gpus_per_server: int = 1  # ignored by the built-in server on CPU
+    server_start_timeout: float = 180.0
+    max_server_restarts: int = 0  # restarts per server before the run stops
+
+    def __post_init__(self) -> None:
+        _check_positive("launcher", "n_servers", self.n_servers)
+        _check_positive("launcher", "n_trainers", self.n_trainers)
+
+
+@dataclass
+class StatsLoggerConfig:
+    """Where per-step statistics go."""
+
+    jsonl: bool = True  # write <run_dir>/stats.jsonl
+    tensorboard: bool = False
+    wandb_mode: str = "disabled"  # disabled | offline | online
+
+
+@dataclass
+class GRPOConfig:
+    """A GRPO/PPO experiment: everything one training script reads."""
+
+    experiment_name: str = "arealite"
+    trial_name: str = "trial0"
+    fileroot: str = "runs"  # run directories live under fileroot/experiment/trial
+    seed: int = 1
+    total_train_steps: int = 10
+    tokenizer_path: str = ""  # defaults to actor.path
+    weight_update: str = "disk"  # disk | distributed
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
+    rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
+    actor: PPOActorConfig = field(default_factory=PPOActorConfig)
+    ref: TrainEngineConfig | None = None  # frozen reference model for the KL term
+    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    valid_dataset: DatasetConfig | None = None
+    server: ServerConfig = field(default_factory=ServerConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
+
+    def __post_init__(self) -> None:
+        _check_choice("", "weight_update", self.weight_update, ("disk", "distributed"))
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.fileroot, self.experiment_name, self.trial_name)
+
+
+C = TypeVar("C")
+
+
+def _dataclass_keys(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def _field_type(cls: type, name: str) -> type | None:
+    """The dataclass type of field `name` of `cls` (unwrapping `X | None`), or None."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    tp = hints.get(name)
+    for arg in typing.get_args(tp) or (tp,):
+        if isinstance(arg, type) and is_dataclass(arg):
+            return arg
+    return None
+
+
+def _check_keys(cls: type, data: Any, prefix: str) -> None:
+    """Fail on the first unknown key, naming its dotted path and the closest valid names."""
+    if not isinstance(data, dict):
+        return
+    valid = _dataclass_keys(cls)
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
+            raise ConfigError(
+                f"unknown config key '{path}'{hint} Valid keys under '{prefix.rstrip('.') or cls.__name__}': {valid}"
+            )
+        sub = _field_type(cls, key)
+        if sub is not None:
+            _check_keys(sub, value, f"{path}.")
+
+
+def _parse_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+    config_path: str | None = None
+    overrides: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--config":
+            config_path = next(it, None)
+            if config_path is None:
+                raise ConfigError("--config needs a YAML file path: --config configs/x.yaml")
+        elif arg.startswith("--config="):
+            config_path = arg.split("=", 1)[1]
+        elif "=" in arg and not arg.startswith("-"):
+            overrides.append(arg)
+        else:
+            raise ConfigError(f"cannot parse argument {arg!r}; expected --config FILE or key=value overrides")
+    return config_path, overrides
+
+
+def load_config(argv: list[str], cls: type[C]) -> C:
+    """Build a `cls` instance from `--config FILE.yaml` plus `key=value` overrides.
+
+    Raises ConfigError naming the dotted path of an unknown key (with close matches), the
+    field and expected type of a wrongly typed value, or a missing config file.
+    """
+    config_path, overrides = _parse_argv(list(argv))
+    layers: list[DictConfig] = []
+    if config_path is not None:
+        if not os.path.isfile(config_path):
+            raise ConfigError(f"config file {config_path!r} does not exist (cwd: {os.getcwd()})")
+        try:
+            loaded = OmegaConf.load(config_path)
+        except Exception as e:  # yaml syntax errors
+            raise ConfigError(f"cannot parse config file {config_path!r}: {e}") from e
+        layers.append(loaded)
+    if overrides:
+        try:
+            layers.append(OmegaConf.from_dotlist(overrides))
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"cannot parse overrides {overrides}: {e}") from e
+    for layer in layers:
+        _check_keys(cls, OmegaConf.to_container(layer, resolve=False), "")
+    schema = OmegaConf.structured(cls)
+    try:
+        merged = OmegaConf.merge(schema, *layers)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except (ValidationError, ConfigKeyError) as e:
+        key = getattr(e, "full_key", None) or "?"
+        expected = _expected_type(cls, str(key))
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"config field '{key}' expects {expected}: {msg}") from e
+
+
+def _expected_type(cls: type, dotted: str) -> str:
+    import typing
+
+    owner: Any = cls
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = _field_type(owner, part)
+        if nxt is None:
+            return "a valid value"
+        owner = nxt
+    try:
+        tp = typing.get_type_hints(owner).get(parts[-1])
+    except Exception:
+        return "a valid value"
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def save_config(config: Any, path: str) -> None:
+    """Write the resolved config as YAML (the run directory's record of what ran)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))

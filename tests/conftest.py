@@ -1,0 +1,30 @@
+"""Shared fixtures. TRITON_INTERPRET must be set before any Triton kernel module is imported."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("AREALITE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen2 model + tokenizer, built once per test session."""
+    from arealite.tools.tiny_model import build_tiny_model
+
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny_model")), seed=0)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.fail(f"shared data folder {SHARED_DATA} is missing; set AREALITE_SHARED_DATA")
+    return SHARED_DATA
