@@ -1,0 +1,48 @@
+"""Stand-alone process groups for weight transfer between a trainer and inference servers.
+
+A weight-update group is separate from the trainer's default group: the trainer's rank 0
+(rank 0 here, the broadcast source) and every server (ranks `rank_offset ...`) meet through
+a TCPStore hosted by rank 0 at `master_address:master_port`. No default process group is
+needed, so a server process can join without torchrun. Same contract as SGLang's
+`/init_weights_update_group` (SGLANG_PROTOCOL.md §3.3).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def init_custom_process_group(
+    backend: str,
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    timeout: float = 300.0,
+) -> dist.ProcessGroup:
+    """Create a process group of `world_size` ranks; blocks until all ranks have joined."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend={backend!r} is not supported for weight updates; use 'gloo' or 'nccl'")
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} is outside world_size={world_size}")
+    store = dist.TCPStore(
+        master_address, int(master_port), world_size, is_master=(rank == 0), timeout=timedelta(seconds=timeout)
+    )
+    prefixed = dist.PrefixStore(group_name, store)
+    if backend == "gloo":
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timedelta(seconds=timeout))
+    else:
+        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    pg._arealite_store = store  # keep the store alive as long as the group
+    return pg
+
+
+def broadcast(pg: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> None:
+    """Broadcast `tensor` in place from rank `src` of `pg`."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = src
+    pg.broadcast([tensor], opts).wait()
