@@ -14,6 +14,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+# A group's TCPStore must outlive the group; keyed by group name.
+_STORES: dict[str, dist.TCPStore] = {}
+
 
 def init_custom_process_group(
     backend: str,
@@ -37,7 +40,7 @@ def init_custom_process_group(
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timedelta(seconds=timeout))
     else:
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)
-    pg._arealite_store = store  # keep the store alive as long as the group
+    _STORES[group_name] = store
     return pg
 
 
@@ -46,3 +49,8 @@ def broadcast(pg: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> None
     opts = dist.BroadcastOptions()
     opts.rootRank = src
     pg.broadcast([tensor], opts).wait()
+
+
+def release_store(group_name: str) -> None:
+    """Drop the store of a destroyed group (after the group itself is gone)."""
+    _STORES.pop(group_name, None)
