@@ -1,0 +1,47 @@
+"""A synthetic arithmetic task that a tiny model can learn on a CPU in minutes.
+
+Prompts are short questions such as `17+5=`; the answer is the integer result. The reward
+is 1 when the first integer in the completion equals the answer, else 0 — exact and cheap,
+so learning progress is visible without a large model. Deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any
+
+_INT = re.compile(r"-?\d+")
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def make_arithmetic_dataset(
+    num_samples: int, seed: int = 0, max_operand: int = 20, ops: str = "+-", split: str = "train"
+) -> list[dict[str, Any]]:
+    """`num_samples` records `{"id", "messages", "answer"}`; train and test splits differ."""
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples} must be >= 1")
+    bad = set(ops) - set(_OPS)
+    if bad or not ops:
+        raise ValueError(f"ops={ops!r} may only contain {sorted(_OPS)}")
+    rng = random.Random(f"{seed}-{split}")
+    out = []
+    for i in range(num_samples):
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        op = rng.choice(ops)
+        out.append(
+            {
+                "id": f"arith-{split}-{seed}-{i}",
+                "messages": [{"role": "user", "content": f"{a}{op}{b}="}],
+                "answer": str(_OPS[op](a, b)),
+            }
+        )
+    return out
+
+
+def arithmetic_reward_fn(
+    prompt: str, completion: str, prompt_ids: Any = None, completion_ids: Any = None, answer: str = "", **_: Any
+) -> float:
+    """1.0 when the first integer in `completion` equals `answer`, else 0.0."""
+    m = _INT.search(completion)
+    return float(m is not None and m.group() == str(answer).strip())

@@ -1,0 +1,88 @@
+"""Dataset selection by config and a resumable, rank-sharded data loader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from arealite.config import DatasetConfig, ConfigError
+from arealite.data.arithmetic import make_arithmetic_dataset
+from arealite.data.math_datasets import DatasetError, load_generic, load_gsm8k, load_math500
+
+
+class RecordDataset(Dataset):
+    """A list of dict records as a map-style dataset."""
+
+    def __init__(self, records: list[dict[str, Any]]):
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.records[i]
+
+
+def load_records(config: DatasetConfig, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
+    """The records a DatasetConfig names (`split` only matters for the synthetic task)."""
+    if config.type == "arithmetic":
+        return make_arithmetic_dataset(config.num_samples, seed=seed, split=split)
+    if not config.path:
+        raise ConfigError(f"dataset.path is empty for dataset.type={config.type!r}; set it to a jsonl/parquet file")
+    loader = {"gsm8k": load_gsm8k, "math500": load_math500, "jsonl": load_generic}[config.type]
+    return loader(config.path)
+
+
+def filter_by_prompt_length(records: list[dict[str, Any]], tokenizer, max_tokens: int) -> list[dict[str, Any]]:
+    """Drop records whose chat-formatted prompt exceeds `max_tokens` tokens."""
+    kept = []
+    for r in records:
+        text = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+        if len(tokenizer.encode(text)) <= max_tokens:
+            kept.append(r)
+    if not kept:
+        raise DatasetError(f"every prompt is longer than max_prompt_tokens={max_tokens}; raise it")
+    return kept
+
+
+def _identity_collate(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return items
+
+
+def create_dataloader(
+    records: list[dict[str, Any]],
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = True,
+) -> StatefulDataLoader:
+    """A StatefulDataLoader over this rank's shard; each batch is a list of records.
+
+    `batch_size` is the global number of prompts per step; every rank gets
+    `batch_size // world_size` of them. The loader's `state_dict()` resumes mid-epoch.
+    """
+    if batch_size % world_size != 0:
+        raise ValueError(f"batch_size={batch_size} must be divisible by world_size={world_size}")
+    shard = records[rank::world_size]
+    per_rank = batch_size // world_size
+    if len(shard) < per_rank:
+        raise DatasetError(
+            f"rank {rank} holds {len(shard)} records, fewer than its per-rank batch of {per_rank}; "
+            "use a larger dataset or a smaller batch_size"
+        )
+    import torch
+
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return StatefulDataLoader(
+        RecordDataset(shard),
+        batch_size=per_rank,
+        shuffle=shuffle,
+        drop_last=drop_last,
+        collate_fn=_identity_collate,
+        generator=generator,
+    )
