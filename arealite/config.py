@@ -204,6 +204,7 @@ class LauncherConfig:
     gpus_per_server: int = 1  # ignored by the built-in server on CPU
     server_start_timeout: float = 180.0
     max_server_restarts: int = 0  # restarts per server before the run stops
+    setup_commands: list[str] = field(default_factory=list)  # shell commands run once before servers start
 
     def __post_init__(self) -> None:
         _check_positive("launcher", "n_servers", self.n_servers)

@@ -156,7 +156,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--vocab-size", type=int, default=512)
     p.add_argument("--max-positions", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="rebuild even if OUT_DIR already holds a model")
     a = p.parse_args(argv)
+    if not a.overwrite and all(os.path.exists(os.path.join(a.out_dir, f)) for f in ("config.json", "tokenizer.json")):
+        print(f"{a.out_dir} already holds a model; pass --overwrite to rebuild")
+        return
     build_tiny_model(
         a.out_dir, a.layers, a.hidden, a.heads, a.kv_heads, a.intermediate, a.vocab_size, a.max_positions, a.seed
     )
