@@ -1,0 +1,224 @@
+"""Local launcher: inference servers and the trainer as child processes on this machine.
+
+    python -m arealite.launcher.local SCRIPT --config CFG.yaml [key=value ...]
+
+Starts `launcher.n_servers` servers on free loopback ports (SGLang on GPUs, else the
+built-in server), waits for their `/health`, exports `AREAL_LLM_SERVER_ADDRS`, then runs
+SCRIPT under torchrun with `launcher.n_trainers` processes (plain python for one). Logs go
+to `<run_dir>/logs/`, the resolved config to `<run_dir>/config.yaml`, and every started
+process to `<run_dir>/processes.jsonl`. A dead server is restarted on its address up to
+`launcher.max_server_restarts` times; after that, or on Ctrl-C/SIGTERM, everything is
+stopped. The exit code is the trainer's, or non-zero with a message naming what failed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+from arealite.config import ConfigError, GRPOConfig, save_config
+from arealite.launcher import ports
+from arealite.launcher.launch_args import LaunchArgs, parse_launch_args
+from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, stop_all, tail
+from arealite.launcher.server_cmd import resolve_backend, server_command, visible_gpus
+from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
+
+HOST = "127.0.0.1"
+POLL_INTERVAL = 0.5  # seconds between supervision steps
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the launcher."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _set_handlers(handler) -> dict:
+    """Install `handler` for SIGINT and SIGTERM; the previous handlers ({} off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # signals are delivered to the main thread only; its owner handles them
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_handlers(previous: dict) -> None:
+    for s, handler in previous.items():
+        signal.signal(s, handler)
+
+
+def allocate_gpus(config: GRPOConfig, backend: str) -> tuple[list[list[str]], list[str]] | None:
+    """GPU ids per SGLang server and for the trainer, or None when the servers run on CPU."""
+    if backend != "sglang":
+        return None
+    launcher = config.launcher
+    gpus = visible_gpus()
+    need = launcher.n_servers * launcher.gpus_per_server + launcher.n_trainers
+    if len(gpus) < need:
+        raise ConfigError(
+            f"{launcher.n_servers} SGLang servers x launcher.gpus_per_server={launcher.gpus_per_server} plus "
+            f"launcher.n_trainers={launcher.n_trainers} need {need} GPUs, but {len(gpus)} are visible; "
+            "lower those values or set server.backend=builtin"
+        )
+    g = launcher.gpus_per_server
+    per_server = [gpus[i * g : (i + 1) * g] for i in range(launcher.n_servers)]
+    n_server_gpus = launcher.n_servers * g
+    return per_server, gpus[n_server_gpus : n_server_gpus + launcher.n_trainers]
+
+
+def trainer_command(args: LaunchArgs, master_port: int) -> list[str]:
+    """torchrun over `n_trainers` processes, or plain python for one."""
+    n = args.config.launcher.n_trainers
+    if n == 1:
+        return [sys.executable, args.script, *args.trainer_args]
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(n), "--master-addr", HOST, "--master-port", str(master_port),
+        args.script, *args.trainer_args,
+    ]  # fmt: skip
+
+
+def trainer_env(server_addrs: list[str], master_port: int, gpus: list[str] | None) -> dict[str, str]:
+    env = dict(os.environ, AREAL_LLM_SERVER_ADDRS=",".join(server_addrs))
+    # The same rendezvous variables torchrun sets, so a one-process run needs no special case.
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    env.update(MASTER_ADDR=HOST, MASTER_PORT=str(master_port))
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return env
+
+
+class LocalRun:
+    """One launch: its servers, its trainer, and their supervision."""
+
+    def __init__(self, args: LaunchArgs) -> None:
+        self.args = args
+        self.config = args.config
+        self.run_dir = os.path.abspath(self.config.run_dir)
+        self.log_dir = os.path.join(self.run_dir, "logs")
+        self.servers: list[SupervisedServer] = []
+        self.trainer: ManagedProcess | None = None
+
+    def _record(self, name: str, pid: int, addr: str) -> None:
+        record_process(self.run_dir, name, pid, addr)
+
+    def run_setup_commands(self) -> None:
+        """`launcher.setup_commands`, in order, once, before any server starts."""
+        for i, command in enumerate(self.config.launcher.setup_commands):
+            proc = ManagedProcess(f"setup-{i}", ["bash", "-c", command], os.path.join(self.log_dir, "setup.log"))
+            proc.start()
+            assert proc.proc is not None
+            code = proc.proc.wait()
+            if code != 0:
+                raise LaunchError(
+                    f"setup command {command!r} failed: it {describe_exit(code)}\n"
+                    f"--- last lines of {proc.log_path} ---\n{tail(proc.log_path)}"
+                )
+
+    def start_servers(self, backend: str, gpus: list[list[str]] | None) -> None:
+        launcher = self.config.launcher
+        for i, port in enumerate(ports.free_ports(launcher.n_servers, HOST)):
+            env = dict(os.environ)
+            if gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
+            server = SupervisedServer(
+                name=f"server-{i}",
+                cmd=server_command(self.config, HOST, port, backend),
+                host=HOST,
+                port=port,
+                log_path=os.path.join(self.log_dir, f"server-{i}.log"),
+                max_restarts=launcher.max_server_restarts,
+                start_timeout=launcher.server_start_timeout,
+                env=env,
+                on_start=self._record,
+            )
+            self.servers.append(server)
+            server.start()
+        log(f"started {len(self.servers)} {backend} server(s); waiting for /health")
+        while not all(s.healthy for s in self.servers):
+            for s in self.servers:
+                s.check()
+            time.sleep(0.3)
+
+    def start_trainer(self, gpus: list[str] | None) -> None:
+        master_port = ports.free_ports(1, HOST, exclude={s.port for s in self.servers})[0]
+        addrs = [s.addr for s in self.servers]
+        self.trainer = ManagedProcess(
+            "trainer",
+            trainer_command(self.args, master_port),
+            os.path.join(self.log_dir, "trainer.log"),
+            trainer_env(addrs, master_port, gpus),
+        )
+        self.trainer.start(echo=True)
+        self._record("trainer", self.trainer.pid or -1, "")
+        log(f"trainer started (pid {self.trainer.pid}, {self.config.launcher.n_trainers} process(es)); servers {addrs}")
+
+    def supervise(self) -> int:
+        """Until the trainer exits: keep servers alive; the trainer's exit status."""
+        assert self.trainer is not None
+        while True:
+            code = self.trainer.poll()
+            if code is not None:
+                log(f"trainer {describe_exit(code)}")
+                return exit_status(code)
+            for s in self.servers:
+                s.check()
+            time.sleep(POLL_INTERVAL)
+
+    def run(self) -> int:
+        os.makedirs(self.log_dir, exist_ok=True)
+        open(os.path.join(self.run_dir, "processes.jsonl"), "w").close()  # this launch's processes only
+        save_config(self.config, os.path.join(self.run_dir, "config.yaml"))
+        backend = resolve_backend(self.config.server)
+        gpus = allocate_gpus(self.config, backend)
+        try:
+            self.run_setup_commands()
+            self.start_servers(backend, gpus[0] if gpus else None)
+            self.start_trainer(gpus[1] if gpus else None)
+            return self.supervise()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the trainer and every server; never interrupted by a second signal."""
+        previous = _set_handlers(signal.SIG_IGN)
+        try:
+            procs = ([self.trainer] if self.trainer else []) + [s.process for s in self.servers]
+            stop_all(procs)
+        finally:
+            _restore_handlers(previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a launch from the command line `SCRIPT --config CFG [overrides]`; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_launch_args(argv, "local")
+    except ConfigError as e:
+        log(f"error: {e}")
+        return 2
+    previous = _set_handlers(_raise_interrupted)
+    try:
+        return LocalRun(args).run()
+    except LaunchError as e:
+        log(f"run failed, stopped everything: {e}")
+        return 1
+    except ConfigError as e:
+        log(f"error: {e}")
+        return 2
+    except Interrupted as e:
+        log(f"{e} received; stopped everything")
+        return 128 + e.signum
+    finally:
+        _restore_handlers(previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The shared server command builder, backend choice, ports and health probe."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from arealite.config import ConfigError, GRPOConfig, load_config
+from arealite.launcher import health, ports
+from arealite.launcher.server_cmd import model_path, resolve_backend, server_command
+
+
+def _config(*overrides: str) -> GRPOConfig:
+    return load_config(list(overrides), GRPOConfig)
+
+
+def test_builtin_command_has_sglang_flag_names():
+    cfg = _config("actor.path=/m", "server.random_seed=7", "server.max_running_requests=5", "server.context_length=512")
+    cmd = server_command(cfg, "127.0.0.1", 1234, "builtin")
+    assert cmd[1:3] == ["-m", "arealite.server"]
+    assert cmd[3:] == [
+        "--model-path", "/m", "--host", "127.0.0.1", "--port", "1234", "--context-length", "512",
+        "--random-seed", "7", "--max-running-requests", "5",
+    ]  # fmt: skip
+
+
+def test_sglang_command_sets_tensor_parallel_dtype_and_extra_args():
+    cfg = _config(
+        "server.model_path=/srv", "actor.path=/a", "launcher.gpus_per_server=2", "server.dtype=bfloat16",
+        "server.extra_args=[--mem-fraction-static,0.8]",
+    )  # fmt: skip
+    cmd = server_command(cfg, "10.0.0.1", 30000, "sglang", python="python3")
+    assert cmd[:5] == ["python3", "-m", "sglang.launch_server", "--tp-size", "2"]
+    assert cmd[cmd.index("--model-path") + 1] == "/srv"  # server.model_path wins over actor.path
+    assert cmd[cmd.index("--dtype") + 1] == "bfloat16"
+    assert cmd[-2:] == ["--mem-fraction-static", "0.8"]
+
+
+def test_missing_model_names_both_settings():
+    with pytest.raises(ConfigError, match="server.model_path=DIR or actor.path=DIR"):
+        model_path(_config())
+
+
+def test_unknown_backend_is_rejected():
+    with pytest.raises(ConfigError, match="'vllm'"):
+        server_command(_config("actor.path=/m"), "127.0.0.1", 1, "vllm")
+
+
+def test_auto_backend_follows_visible_gpus(monkeypatch):
+    cfg = _config()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert resolve_backend(cfg.server) == "sglang"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert resolve_backend(cfg.server) == "builtin"
+    assert resolve_backend(_config("server.backend=sglang").server) == "sglang"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert resolve_backend(_config("server.backend=builtin").server) == "builtin"
+
+
+def test_free_ports_are_distinct_and_bindable_and_busy_ports_are_not_free():
+    chosen = ports.free_ports(3)
+    assert len(set(chosen)) == 3 and all(ports.port_is_free("127.0.0.1", p) for p in chosen)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        busy = sock.getsockname()[1]
+        assert not ports.port_is_free("127.0.0.1", busy)
+        assert busy not in ports.free_ports(1, exclude={busy})
+        assert not ports.wait_port_free("127.0.0.1", busy, timeout=0.5)
+
+
+def test_probe_of_a_closed_port_is_unhealthy():
+    port = ports.free_ports(1)[0]
+    assert not health.probe(f"127.0.0.1:{port}", timeout=1.0)
+    assert not health.wait_healthy(f"127.0.0.1:{port}", timeout=1.0, interval=0.2)
+
+
+def test_launchers_import_no_model_code():
+    code = (
+        "import sys, arealite.launcher.local, arealite.launcher.server_cmd, arealite.launcher.supervision\n"
+        "bad = [m for m in ('torch', 'transformers', 'ray', 'sglang') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
