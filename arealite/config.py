@@ -205,10 +205,23 @@ class LauncherConfig:
     server_start_timeout: float = 180.0
     max_server_restarts: int = 0  # restarts per server before the run stops
     setup_commands: list[str] = field(default_factory=list)  # shell commands run once before servers start
+    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task)
+    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task)
+    ray_address: str = ""  # Ray cluster to join ("auto" or host:port); empty: $RAY_ADDRESS, else start a local one
+    trainer_nodes: int = 1  # Slurm nodes the trainer ranks span (n_trainers split evenly across them)
+    slurm_partition: str = ""  # sbatch --partition; empty: the cluster's default partition
+    slurm_sbatch_args: list[str] = field(default_factory=list)  # extra sbatch options, e.g. ["--account=rl"]
 
     def __post_init__(self) -> None:
         _check_positive("launcher", "n_servers", self.n_servers)
         _check_positive("launcher", "n_trainers", self.n_trainers)
+        _check_positive("launcher", "max_server_restarts", self.max_server_restarts, allow_zero=True)
+        _check_positive("launcher", "trainer_nodes", self.trainer_nodes)
+        if self.n_trainers % self.trainer_nodes:
+            raise ConfigError(
+                f"launcher.n_trainers={self.n_trainers} does not split evenly over "
+                f"launcher.trainer_nodes={self.trainer_nodes}; make n_trainers a multiple of trainer_nodes"
+            )
 
 
 @dataclass

@@ -14,9 +14,7 @@ stopped. The exit code is the trainer's, or non-zero with a message naming what 
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
 
 from arealite.config import ConfigError, GRPOConfig, save_config
@@ -24,34 +22,11 @@ from arealite.launcher import ports
 from arealite.launcher.launch_args import LaunchArgs, parse_launch_args
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, stop_all, tail
 from arealite.launcher.server_cmd import resolve_backend, server_command, visible_gpus
+from arealite.launcher.signals import Interrupted, raising_on_signals, signals_ignored
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
 
 HOST = "127.0.0.1"
 POLL_INTERVAL = 0.5  # seconds between supervision steps
-
-
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached the launcher."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
-
-
-def _set_handlers(handler) -> dict:
-    """Install `handler` for SIGINT and SIGTERM; the previous handlers ({} off the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}  # signals are delivered to the main thread only; its owner handles them
-    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _restore_handlers(previous: dict) -> None:
-    for s, handler in previous.items():
-        signal.signal(s, handler)
 
 
 def allocate_gpus(config: GRPOConfig, backend: str) -> tuple[list[list[str]], list[str]] | None:
@@ -188,12 +163,9 @@ class LocalRun:
 
     def stop(self) -> None:
         """Stop the trainer and every server; never interrupted by a second signal."""
-        previous = _set_handlers(signal.SIG_IGN)
-        try:
+        with signals_ignored():
             procs = ([self.trainer] if self.trainer else []) + [s.process for s in self.servers]
             stop_all(procs)
-        finally:
-            _restore_handlers(previous)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         log(f"error: {e}")
         return 2
-    previous = _set_handlers(_raise_interrupted)
     try:
-        return LocalRun(args).run()
+        with raising_on_signals():
+            return LocalRun(args).run()
     except LaunchError as e:
         log(f"run failed, stopped everything: {e}")
         return 1
@@ -216,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         log(f"{e} received; stopped everything")
         return 128 + e.signum
-    finally:
-        _restore_handlers(previous)
 
 
 if __name__ == "__main__":

@@ -62,11 +62,14 @@ def _group_alive(pgid: int) -> bool:
 class ManagedProcess:
     """One named child process; output goes to `log_path` (appended across restarts)."""
 
-    def __init__(self, name: str, cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, cmd: list[str], log_path: str, env: dict[str, str] | None = None, cwd: str | None = None
+    ) -> None:
         self.name = name
         self.cmd = list(cmd)
         self.log_path = log_path
         self.env = env
+        self.cwd = cwd
         self.proc: subprocess.Popen | None = None
         self._tee: threading.Thread | None = None
 
@@ -82,6 +85,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=with_package_path(self.env),
+            cwd=self.cwd,
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
