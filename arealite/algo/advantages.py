@@ -1,0 +1,344 @@
+"""Advantage estimators: GAE over packed sequences, group-relative reward normalization
+(GRPO, Dr.GRPO, RLOO), masked whitening, and broadcasting a per-sequence value to tokens.
+
+Every public function dispatches to a Triton kernel (`arealite.algo.kernels`) when its input
+lives on CUDA and triton imports, and otherwise to the vectorized torch reference in this
+module. Both paths are also callable directly (`*_torch`, `*_triton`) so tests can hold each
+against a naive Python loop. Triton is imported lazily, so this module needs only torch.
+
+GAE with a loss mask (multi-turn). Within each sequence, walk backward keeping a carry
+(A_next, V_next), both 0 after the sequence's last token (bootstrap value 0):
+  - loss_mask[t] == 1:  delta_t = r_t + gamma * V_next - V_t
+                        A_t = delta_t + gamma * lam * A_next
+                        advantages[t] = A_t, returns[t] = A_t + V_t, then (A_next, V_next) = (A_t, V_t)
+  - loss_mask[t] == 0:  advantages[t] = 0, returns[t] = V_t, carry unchanged; r_t is ignored.
+So tokens outside the loss mask (prompt, environment/tool output between model turns) are
+transparent: a model token's TD target is the value of the next *model* token, and the
+discount counts model tokens only. This is verl's multi-turn GAE, made exact per sequence.
+Put each reward on a loss-masked token (usually the last generated one).
+
+Deliberately left out: KL-in-reward shaping (that is a loss concern, see `losses.py`), and
+any dtype below float32: everything is computed and returned in float32 (float64 stays float64).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "GROUP_NORM_MODES",
+    "broadcast_to_tokens",
+    "broadcast_to_tokens_torch",
+    "broadcast_to_tokens_triton",
+    "gae_packed",
+    "gae_packed_torch",
+    "gae_packed_triton",
+    "group_normalize",
+    "group_normalize_torch",
+    "group_normalize_triton",
+    "masked_whiten",
+    "masked_whiten_torch",
+    "masked_whiten_triton",
+    "triton_available",
+]
+
+GROUP_NORM_MODES = ("mean_std", "mean", "rloo")
+
+# Chunk length of the blocked scan: a [K, K] Toeplitz matmul solves K steps at once.
+_CHUNK = 64
+
+
+def triton_available() -> bool:
+    """True when triton imports (it may still need CUDA or TRITON_INTERPRET=1 to run)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _use_triton(t: Tensor) -> bool:
+    return t.is_cuda and triton_available()
+
+
+def _float_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (bf16/fp16 are upcast)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_gae_inputs(
+    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
+    check_cu_seqlens: bool = True,
+) -> None:
+    for name, t in (("rewards", rewards), ("values", values), ("loss_mask", loss_mask)):
+        if t.dim() != 1:
+            raise ValueError(f"gae_packed: {name} must be packed 1-D [N], got shape {tuple(t.shape)}; "
+                             "flatten padded [B, T] tensors with cu_seqlens first")
+    n = rewards.numel()
+    if values.numel() != n or loss_mask.numel() != n:
+        raise ValueError(f"gae_packed: rewards, values, loss_mask must have the same length, got "
+                         f"{n}, {values.numel()}, {loss_mask.numel()}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point():
+        raise ValueError(f"gae_packed: cu_seqlens must be an integer tensor [B+1], got dtype "
+                         f"{cu_seqlens.dtype} shape {tuple(cu_seqlens.shape)}")
+    if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+        raise ValueError(f"gae_packed: gamma={gamma} and lam={lam} must both lie in [0, 1]")
+    if check_cu_seqlens:
+        bad = (cu_seqlens[0] != 0) | (cu_seqlens[-1] != n)
+        if cu_seqlens.numel() > 1:
+            bad = bad | (cu_seqlens[1:] < cu_seqlens[:-1]).any()
+        if bool(bad):  # one host sync
+            raise ValueError(f"gae_packed: cu_seqlens must start at 0, be non-decreasing and end at "
+                             f"N={n}; got {cu_seqlens.tolist()[:8]}...{cu_seqlens[-1].item()}")
+
+
+def _check_group_inputs(rewards: Tensor, group_size: int, mode: str) -> None:
+    if rewards.dim() != 1:
+        raise ValueError(f"group_normalize: rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
+    if mode not in GROUP_NORM_MODES:
+        raise ValueError(f"group_normalize: unknown mode {mode!r}; use one of {GROUP_NORM_MODES}")
+    if not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_normalize: group_size={group_size!r} must be an int >= 1")
+    if mode == "rloo" and group_size < 2:
+        raise ValueError("group_normalize: mode 'rloo' (leave-one-out) needs group_size >= 2, "
+                         f"got {group_size}; use mode 'mean' for single samples")
+    if rewards.numel() % group_size != 0:
+        raise ValueError(f"group_normalize: batch size {rewards.numel()} is not a multiple of "
+                         f"group_size={group_size}; keep whole groups together (rows g*G..g*G+G-1)")
+
+
+def _check_same_shape(fn: str, x: Tensor, mask: Tensor) -> None:
+    if x.shape != mask.shape:
+        raise ValueError(f"{fn}: x shape {tuple(x.shape)} and mask shape {tuple(mask.shape)} differ")
+
+
+def _check_broadcast_inputs(seq_values: Tensor, loss_mask: Tensor) -> None:
+    if seq_values.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != seq_values.numel():
+        raise ValueError(f"broadcast_to_tokens: expected seq_values [B] and loss_mask [B, T], got "
+                         f"{tuple(seq_values.shape)} and {tuple(loss_mask.shape)}")
+
+
+# ----------------------------------------------------------------------------- torch: GAE
+
+
+def _discounted_suffix_sum(x: Tensor, ends: Tensor, decay: float) -> Tensor:
+    """y_i = sum_{j >= i, same segment} decay^(j-i) x_j over a flat array of segments.
+
+    x [n]; ends: sorted indices of each segment's last element (ends[-1] == n - 1).
+    Blocked scan without division (so decay = 0 or 1 and underflow are exact): a [K, K]
+    Toeplitz matmul solves every chunk of K elements, the few chunks cut by a segment end
+    are recomputed from a window ending at that end, and chunk heads are carried by the same
+    function one level up (decay^K), so a length-L segment takes ~log_K(L) levels.
+    """
+    n, k = x.numel(), _CHUNK
+    m = (n + k - 1) // k
+    steps = torch.arange(k, device=x.device)
+    # toeplitz[j, i] = decay^(j - i) for j >= i: local[c, i] = sum_j chunk[c, j] * toeplitz[j, i]
+    expo = (steps[:, None] - steps[None, :]).to(torch.float64)
+    toeplitz = torch.where(expo >= 0, torch.tensor(decay, dtype=torch.float64) ** expo.clamp_min(0), 0.0)
+    toeplitz = toeplitz.to(x.dtype)
+    full = n // k * k
+    local = torch.empty(m * k, dtype=x.dtype, device=x.device)  # [m*k], sums run to each chunk's end
+    torch.matmul(x[:full].view(-1, k), toeplitz, out=local[:full].view(-1, k))
+    if full < n:  # the last, partial chunk: pad only it
+        local[full:] = F.pad(x[full:], (0, m * k - n)) @ toeplitz
+
+    # Windows ending at a segment end that is not a chunk end: recompute exactly, write only
+    # positions of that segment inside that chunk (each position belongs to one window).
+    cut = ends[(ends + 1) % k != 0]  # [e]
+    if cut.numel():
+        seg_start = torch.zeros_like(ends)
+        seg_start[1:] = ends[:-1] + 1
+        cut_start = seg_start[(ends + 1) % k != 0]
+        pos = cut[:, None] - (k - 1) + steps[None, :]  # [e, k], window ends at the cut
+        win = torch.where(pos >= 0, x[pos.clamp_min(0)], 0.0)  # pos <= cut < n
+        fixed = win @ toeplitz  # [e, k]
+        keep = (pos >= cut_start[:, None]) & (pos >= (cut // k * k)[:, None])
+        local[pos[keep]] = fixed[keep]
+
+    if m == 1:
+        return local[:n]
+    # Chunk c continues into chunk c+1 unless a segment ends inside chunk c.
+    chunk_has_end = torch.zeros(m, dtype=torch.bool, device=x.device)
+    chunk_has_end[ends // k] = True
+    local2d = local.view(m, k)
+    heads = local2d[:, 0].contiguous()  # [m]
+    chunk_ends = chunk_has_end.nonzero().squeeze(1)
+    if chunk_ends[-1] != m - 1:
+        chunk_ends = torch.cat([chunk_ends, chunk_ends.new_tensor([m - 1])])
+    heads_full = _discounted_suffix_sum(heads, chunk_ends, decay ** k)  # y at each chunk start
+    nxt = F.pad(heads_full[1:], (0, 1))  # [m] value entering chunk c from chunk c+1
+    tail = torch.tensor(decay, dtype=torch.float64) ** (k - steps).to(torch.float64)
+    tail = tail.to(x.dtype)  # decay^(k - i)
+    local2d.addr_(torch.where(chunk_has_end, 0.0, nxt), tail)
+    # In chunks with an end, only positions after the chunk's last end receive the carry.
+    last_end = torch.full((m,), -1, dtype=ends.dtype, device=x.device)
+    last_end.scatter_reduce_(0, ends // k, ends, reduce="amax")
+    ch = chunk_has_end.nonzero().squeeze(1)  # [h]
+    pos = ch[:, None] * k + steps[None, :]  # [h, k]
+    after = pos > last_end[ch][:, None]
+    local[pos[after]] += (tail[None, :] * nxt[ch][:, None])[after]
+    return local[:n]
+
+
+def gae_packed_torch(
+    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
+) -> tuple[Tensor, Tensor]:
+    """Vectorized torch GAE over packed sequences; semantics in the module docstring."""
+    _check_gae_inputs(rewards, values, loss_mask, cu_seqlens, gamma, lam)
+    dtype = _float_dtype(rewards, values)
+    n = values.numel()
+    adv = torch.zeros(n, dtype=dtype, device=values.device)  # [N]
+    mask = loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
+    idx = mask.nonzero().squeeze(1)  # [n_c] loss-masked tokens, in order
+    if idx.numel() == 0:
+        return adv, values.to(dtype)
+    # Compact the loss-masked tokens: the recurrence then has the constant coefficient
+    # gamma*lam, and the next masked token's value is simply the next element.
+    v = values.index_select(0, idx).to(dtype)  # [n_c]
+    r = rewards.index_select(0, idx).to(dtype)
+    compact_cu = torch.searchsorted(idx, cu_seqlens.to(idx.dtype))  # [B+1]
+    ends = compact_cu[1:][compact_cu[1:] > compact_cu[:-1]] - 1  # last masked token of each sequence
+    delta = r - v  # [n_c]
+    delta[:-1].add_(v[1:], alpha=gamma)
+    delta[ends] = r[ends] - v[ends]  # bootstrap value 0 after each sequence's last masked token
+    adv.scatter_(0, idx, _discounted_suffix_sum(delta, ends, gamma * lam))
+    return adv, values.to(dtype) + adv
+
+
+def gae_packed_triton(
+    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
+    *, check_cu_seqlens: bool = True, rows: int | None = None, block: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Triton GAE over packed sequences (same semantics as `gae_packed_torch`).
+
+    check_cu_seqlens=False skips the one host sync that validates cu_seqlens' contents.
+    rows/block override the tile (sequences per program, tokens per scan step).
+    """
+    _check_gae_inputs(rewards, values, loss_mask, cu_seqlens, gamma, lam, check_cu_seqlens)
+    from arealite.algo.kernels.gae import gae_packed_kernel
+
+    return gae_packed_kernel(rewards, values, loss_mask, cu_seqlens, gamma, lam, rows=rows, block=block)
+
+
+def gae_packed(
+    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
+) -> tuple[Tensor, Tensor]:
+    """GAE over packed sequences with a loss-mask carry.
+
+    rewards, values, loss_mask: packed [N] (float rewards and values per token, 0/1 mask);
+    cu_seqlens: int [B+1]. Returns (advantages [N], returns [N]). Runs backward within each
+    sequence; tokens with loss_mask == 0 pass the running advantage and the next value through
+    unchanged (multi-turn: environment tokens between model turns) and get advantage 0
+    (returns = values there). The bootstrap value after a sequence end is 0. Exact recurrence
+    in the module docstring. Triton on CUDA, torch reference elsewhere.
+    """
+    if _use_triton(values):
+        return gae_packed_triton(rewards, values, loss_mask, cu_seqlens, gamma, lam)
+    return gae_packed_torch(rewards, values, loss_mask, cu_seqlens, gamma, lam)
+
+
+# ----------------------------------------------------------------------------- torch: groups
+
+
+def group_normalize_torch(rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6) -> Tensor:
+    """Torch reference of `group_normalize`."""
+    _check_group_inputs(rewards, group_size, mode)
+    x = rewards.to(_float_dtype(rewards)).view(-1, group_size)  # [B/G, G]
+    centered = x - x.mean(dim=1, keepdim=True)
+    if mode == "mean_std":
+        out = centered / (x.std(dim=1, unbiased=False, keepdim=True) + eps)
+    elif mode == "mean":
+        out = centered
+    else:  # rloo: r - (sum - r) / (G - 1) == G / (G - 1) * (r - mean)
+        out = centered * (group_size / (group_size - 1))
+    return out.reshape(-1)
+
+
+def group_normalize_triton(rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6) -> Tensor:
+    """Triton kernel of `group_normalize`."""
+    _check_group_inputs(rewards, group_size, mode)
+    from arealite.algo.kernels.group_norm import group_normalize_kernel
+
+    return group_normalize_kernel(rewards, group_size, GROUP_NORM_MODES.index(mode), eps)
+
+
+def group_normalize(rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6) -> Tensor:
+    """Group-relative reward normalization.
+
+    rewards [B] with groups contiguous (rows g*G .. g*G+G-1). mode: 'mean_std' (GRPO:
+    (r - mean) / (std + eps), std with unbiased=False), 'mean' (Dr.GRPO: r - mean), 'rloo'
+    (leave-one-out: r - mean of the other G-1). Returns [B]. Raises ValueError when
+    B % group_size != 0, group_size < 1, or mode 'rloo' with group_size < 2.
+    """
+    if _use_triton(rewards):
+        return group_normalize_triton(rewards, group_size, mode, eps)
+    return group_normalize_torch(rewards, group_size, mode, eps)
+
+
+# ----------------------------------------------------------------------------- torch: whitening
+
+
+def masked_whiten_torch(x: Tensor, mask: Tensor, eps: float = 1e-6, shift_mean: bool = True) -> Tensor:
+    """Torch reference of `masked_whiten`."""
+    _check_same_shape("masked_whiten", x, mask)
+    dtype = _float_dtype(x)
+    keep = mask != 0
+    xf = torch.where(keep, x.to(dtype), 0.0)
+    count = keep.sum().clamp_min(1).to(torch.float64)
+    mean = xf.sum(dtype=torch.float64) / count
+    var = (torch.where(keep, xf - mean, 0.0) ** 2).sum(dtype=torch.float64) / count
+    out = (xf - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(keep, out, 0.0).to(dtype)
+
+
+def masked_whiten_triton(x: Tensor, mask: Tensor, eps: float = 1e-6, shift_mean: bool = True) -> Tensor:
+    """Triton kernels of `masked_whiten`."""
+    _check_same_shape("masked_whiten", x, mask)
+    from arealite.algo.kernels.whiten import masked_whiten_kernel
+
+    return masked_whiten_kernel(x, mask, eps, shift_mean)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-6, shift_mean: bool = True) -> Tensor:
+    """Whiten x over positions where mask == 1; masked-out positions -> 0.
+
+    mean and variance (population, unbiased=False) are taken over masked positions only;
+    out = (x - mean) / sqrt(var + eps), plus mean again when shift_mean is False. Any shape;
+    mask has x's shape. With no masked position the result is all zeros.
+    """
+    if _use_triton(x):
+        return masked_whiten_triton(x, mask, eps, shift_mean)
+    return masked_whiten_torch(x, mask, eps, shift_mean)
+
+
+# ----------------------------------------------------------------------------- torch: broadcast
+
+
+def broadcast_to_tokens_torch(seq_values: Tensor, loss_mask: Tensor) -> Tensor:
+    """Torch reference of `broadcast_to_tokens`."""
+    _check_broadcast_inputs(seq_values, loss_mask)
+    v = seq_values.to(_float_dtype(seq_values))
+    return torch.where(loss_mask != 0, v[:, None], 0.0)
+
+
+def broadcast_to_tokens_triton(seq_values: Tensor, loss_mask: Tensor) -> Tensor:
+    """Triton kernel of `broadcast_to_tokens`."""
+    _check_broadcast_inputs(seq_values, loss_mask)
+    from arealite.algo.kernels.broadcast import broadcast_to_tokens_kernel
+
+    return broadcast_to_tokens_kernel(seq_values, loss_mask)
+
+
+def broadcast_to_tokens(seq_values: Tensor, loss_mask: Tensor) -> Tensor:
+    """Per-sequence values [B] onto tokens: [B] x loss_mask [B, T] -> [B, T], 0 outside the mask."""
+    if _use_triton(seq_values):
+        return broadcast_to_tokens_triton(seq_values, loss_mask)
+    return broadcast_to_tokens_torch(seq_values, loss_mask)

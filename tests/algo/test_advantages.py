@@ -1,0 +1,183 @@
+"""Advantage functions, torch reference and Triton kernels (TRITON_INTERPRET=1 on CPU), each
+held against a naive Python loop written straight from the documented semantics."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from arealite.algo import advantages as adv
+
+GAMMAS_LAMS = list(itertools.product([1.0, 0.99, 0.95], [1.0, 0.99, 0.95]))
+
+
+# ----------------------------------------------------------------------------- naive loops
+
+
+def naive_gae(rewards, values, mask, cu_seqlens, gamma, lam):
+    """One Python step per token, backward within each sequence (module docstring semantics)."""
+    r, v, m, cu = rewards.tolist(), values.tolist(), mask.tolist(), cu_seqlens.tolist()
+    advantages, returns = [0.0] * len(r), list(v)
+    for start, end in zip(cu[:-1], cu[1:]):
+        a_next, v_next = 0.0, 0.0
+        for t in range(end - 1, start - 1, -1):
+            if not m[t]:
+                continue
+            delta = r[t] + gamma * v_next - v[t]
+            a_next = delta + gamma * lam * a_next
+            v_next = v[t]
+            advantages[t], returns[t] = a_next, a_next + v[t]
+    return torch.tensor(advantages, dtype=torch.float64), torch.tensor(returns, dtype=torch.float64)
+
+
+def naive_group_normalize(rewards, group_size, mode, eps):
+    r, out = rewards.tolist(), []
+    for g in range(0, len(r), group_size):
+        group = r[g : g + group_size]
+        mean = sum(group) / group_size
+        std = math.sqrt(sum((x - mean) ** 2 for x in group) / group_size)
+        for i, x in enumerate(group):
+            if mode == "mean_std":
+                out.append((x - mean) / (std + eps))
+            elif mode == "mean":
+                out.append(x - mean)
+            else:
+                others = group[:i] + group[i + 1 :]
+                out.append(x - sum(others) / len(others))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def naive_whiten(x, mask, eps, shift_mean):
+    xs, ms = x.flatten().tolist(), mask.flatten().tolist()
+    picked = [a for a, k in zip(xs, ms) if k]
+    mean = sum(picked) / max(len(picked), 1)
+    var = sum((a - mean) ** 2 for a in picked) / max(len(picked), 1)
+    out = [((a - mean) / math.sqrt(var + eps) + (0.0 if shift_mean else mean)) if k else 0.0 for a, k in zip(xs, ms)]
+    return torch.tensor(out, dtype=torch.float64).view(x.shape)
+
+
+# ----------------------------------------------------------------------------- random batches
+
+
+def random_packed_batch(seed, n_seqs, max_len=512, dtype=torch.float32, empty=False):
+    """Packed batch with lengths 1..max_len (both extremes present), prompts and multi-turn holes."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len + 1, (n_seqs,), generator=g)
+    lengths[0], lengths[-1] = max_len, 1
+    if empty:
+        lengths[n_seqs // 2] = 0
+    masks = []
+    for length in lengths.tolist():
+        m = torch.zeros(length, dtype=torch.long)
+        t = int(torch.randint(0, max(length // 4, 1), (1,), generator=g))  # prompt
+        while t < length:  # alternating model turns and environment turns
+            turn = int(torch.randint(1, 64, (1,), generator=g))
+            m[t : t + turn] = 1
+            t += turn + int(torch.randint(0, 16, (1,), generator=g))
+        m[torch.rand(length, generator=g) < 0.05] = 0  # scattered holes
+        masks.append(m)
+    masks[1] = torch.zeros_like(masks[1])  # a sequence with no trained token
+    n = int(lengths.sum())
+    cu = torch.zeros(n_seqs + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    rewards = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+    values = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+    return rewards, values, torch.cat(masks), cu
+
+
+# ----------------------------------------------------------------------------- GAE, torch
+
+
+@pytest.mark.parametrize("gamma,lam", GAMMAS_LAMS)
+def test_gae_torch_matches_naive_loop(gamma, lam):
+    rewards, values, mask, cu = random_packed_batch(seed=int(gamma * 100 + lam * 10), n_seqs=24)
+    got_adv, got_ret = adv.gae_packed_torch(rewards, values, mask, cu, gamma, lam)
+    want_adv, want_ret = naive_gae(rewards, values, mask, cu, gamma, lam)
+    assert got_adv.dtype == torch.float32 and got_adv.shape == rewards.shape
+    torch.testing.assert_close(got_adv.double(), want_adv, rtol=1e-5, atol=2e-4)
+    torch.testing.assert_close(got_ret.double(), want_ret, rtol=1e-5, atol=2e-4)
+
+
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.95, 0.99), (0.9, 0.0), (0.0, 0.5)])
+def test_gae_torch_float64_is_exact_on_long_sequences(gamma, lam):
+    # Lengths up to 5000 force three levels of the blocked scan; float64 exposes logic slips.
+    rewards, values, mask, cu = random_packed_batch(seed=7, n_seqs=6, max_len=5000, dtype=torch.float64, empty=True)
+    got_adv, got_ret = adv.gae_packed_torch(rewards, values, mask, cu, gamma, lam)
+    want_adv, want_ret = naive_gae(rewards, values, mask, cu, gamma, lam)
+    torch.testing.assert_close(got_adv, want_adv, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got_ret, want_ret, rtol=1e-9, atol=1e-9)
+
+
+def test_gae_masked_tokens_are_transparent():
+    # Two model turns separated by environment tokens: the env tokens change nothing.
+    r = torch.tensor([0.0, 0.0, 5.0, 7.0, 0.0, 1.0])
+    v = torch.tensor([0.5, 0.2, 9.0, 9.0, 0.1, 0.3])
+    m = torch.tensor([1, 1, 0, 0, 1, 1])
+    cu = torch.tensor([0, 6])
+    got, ret = adv.gae_packed_torch(r, v, m, cu, gamma=0.9, lam=0.8)
+    keep = m.bool()
+    got_compact, _ = adv.gae_packed_torch(r[keep], v[keep], m[keep], torch.tensor([0, 4]), 0.9, 0.8)
+    torch.testing.assert_close(got[keep], got_compact)
+    assert got[~keep].abs().sum() == 0 and torch.equal(ret[~keep], v[~keep])
+
+
+def test_gae_rejects_bad_inputs():
+    x = torch.zeros(5)
+    with pytest.raises(ValueError, match="end at N=5"):
+        adv.gae_packed(x, x, x, torch.tensor([0, 3]), 1.0, 1.0)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        adv.gae_packed(x, x, x, torch.tensor([0, 4, 2, 5]), 1.0, 1.0)
+    with pytest.raises(ValueError, match="same length"):
+        adv.gae_packed(x, torch.zeros(4), x, torch.tensor([0, 5]), 1.0, 1.0)
+    with pytest.raises(ValueError, match="packed 1-D"):
+        adv.gae_packed(x.view(1, 5), x.view(1, 5), x.view(1, 5), torch.tensor([0, 5]), 1.0, 1.0)
+    with pytest.raises(ValueError, match="lam=1.5"):
+        adv.gae_packed(x, x, x, torch.tensor([0, 5]), 1.0, 1.5)
+
+
+# ----------------------------------------------------------------------------- groups, whitening, broadcast
+
+
+@pytest.mark.parametrize("mode", adv.GROUP_NORM_MODES)
+@pytest.mark.parametrize("group_size", [2, 5, 8])
+def test_group_normalize_torch_matches_naive_loop(mode, group_size):
+    rewards = torch.randn(group_size * 7, generator=torch.Generator().manual_seed(group_size))
+    rewards[:group_size] = 1.0  # a group with identical rewards: std 0 must not blow up
+    got = adv.group_normalize_torch(rewards, group_size, mode)
+    torch.testing.assert_close(got.double(), naive_group_normalize(rewards, group_size, mode, 1e-6), rtol=1e-5, atol=1e-5)
+
+
+def test_group_normalize_rejects_bad_groups():
+    with pytest.raises(ValueError, match="not a multiple of group_size=4"):
+        adv.group_normalize(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        adv.group_normalize(torch.zeros(6), 1, mode="rloo")
+    with pytest.raises(ValueError, match="group_size=0"):
+        adv.group_normalize(torch.zeros(6), 0)
+    with pytest.raises(ValueError, match="unknown mode"):
+        adv.group_normalize(torch.zeros(6), 2, mode="std")
+
+
+@pytest.mark.parametrize("shift_mean", [True, False])
+def test_masked_whiten_torch_matches_naive_loop(shift_mean):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 37, generator=g) * 3 + 2
+    mask = (torch.rand(6, 37, generator=g) < 0.6).long()
+    got = adv.masked_whiten_torch(x, mask, shift_mean=shift_mean)
+    torch.testing.assert_close(got.double(), naive_whiten(x, mask, 1e-6, shift_mean), rtol=1e-5, atol=1e-5)
+
+
+def test_masked_whiten_empty_mask_gives_zeros():
+    out = adv.masked_whiten(torch.randn(3, 4), torch.zeros(3, 4))
+    assert torch.equal(out, torch.zeros(3, 4))
+
+
+def test_broadcast_to_tokens_torch():
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1]])
+    got = adv.broadcast_to_tokens_torch(torch.tensor([2.0, -1.0]), mask)
+    assert torch.equal(got, torch.tensor([[2.0, 2.0, 0.0], [0.0, -1.0, -1.0]]))
+    with pytest.raises(ValueError, match="seq_values"):
+        adv.broadcast_to_tokens(torch.zeros(3), mask)
