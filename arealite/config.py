@@ -87,6 +87,8 @@ class InferenceEngineConfig:
     setup_timeout: float = 120.0  # seconds to wait for servers to become healthy
     health_check_interval: float = 5.0  # seconds between probes of servers out of rotation
     pause_grace_period: float = 0.0  # seconds to sleep after pausing before a weight upload
+    health_check_timeout: float = 5.0  # seconds one /health probe may take before the server counts as down
+    consumer_batch_size: int | None = None  # trajectories per trained batch (the staleness unit); None: the dataloader's batch size
 
     def __post_init__(self) -> None:
         _check_positive("rollout", "max_head_offpolicyness", self.max_head_offpolicyness, allow_zero=True)
@@ -150,17 +152,56 @@ class PPOActorConfig(TrainEngineConfig):
     reward_scaling: float = 1.0
     reward_bias: float = 0.0
     reward_clip: float = 20.0
-    adv_norm: str = "group"  # group (GRPO) | group_mean (Dr.GRPO) | rloo | batch | none
+    adv_norm: str = "group"  # group (GRPO) | group_mean (Dr.GRPO) | rloo | group_baseline_batch (REINFORCE++-baseline) | batch (whiten) | none
     kl_ctl: float = 0.0  # weight of the KL to the reference model
     use_decoupled_loss: bool = False  # ratio to prox_logp with a behaviour importance weight
     behav_imp_weight_cap: float | None = None
     recompute_logprob: bool = True  # recompute prox_logp with current weights before the update
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (Dr.GRPO)
+    importance_sampling_level: str = "token"  # token (PPO) | sequence (GSPO's sequence-level ratio)
+    kl_estimator: str = "k1"  # k1 | k2 | k3 (Schulman's KL approximations)
+    kl_in_reward: bool = False  # True: -kl_ctl*KL as a per-token reward; False: kl_ctl*KL in the loss
+    entropy_coef: float = 0.0  # weight of the entropy bonus in the loss (entropy is always reported)
+    gamma: float = 1.0  # discount for token-level returns (GAE, KL-in-reward)
+    lam: float = 1.0  # GAE lambda
+    adv_eps: float = 1e-6  # epsilon in group and batch normalization of advantages
+    max_new_tokens: int | None = None  # generation budget, for the overlong penalty (set to gconfig's)
+    overlong_tokens: int | None = None  # DAPO soft overlong penalty over the last this-many tokens; None: off
+    overlong_penalty_factor: float = 1.0  # penalty at the full budget, in reward units
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_choice("actor", "adv_norm", self.adv_norm, ("group", "group_mean", "rloo", "batch", "none"))
+        _check_choice(
+            "actor", "adv_norm", self.adv_norm, ("group", "group_mean", "rloo", "group_baseline_batch", "batch", "none")
+        )
+        _check_choice(
+            "actor", "loss_agg_mode", self.loss_agg_mode, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+        )
+        _check_choice("actor", "importance_sampling_level", self.importance_sampling_level, ("token", "sequence"))
+        _check_choice("actor", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
+        if self.overlong_tokens is not None and self.max_new_tokens is None:
+            raise ConfigError(
+                f"actor.overlong_tokens={self.overlong_tokens} needs actor.max_new_tokens (the generation budget)"
+            )
+        if self.use_decoupled_loss and not self.recompute_logprob:
+            raise ConfigError("actor.use_decoupled_loss=true needs actor.recompute_logprob=true (it uses prox_logp)")
         if self.c_clip is not None and self.c_clip <= 1.0:
             raise ConfigError(f"actor.c_clip={self.c_clip} must be > 1 (dual clip), or null to disable")
+
+
+@dataclass
+class PPOCriticConfig(TrainEngineConfig):
+    """PPO critic: a value head on the training engine, trained on GAE returns."""
+
+    ppo_n_minibatches: int = 1  # optimizer steps per training step
+    value_eps_clip: float | None = 0.2  # PPO value clipping around the old values; None disables
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_choice(
+            "critic", "loss_agg_mode", self.loss_agg_mode, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+        )
 
 
 @dataclass

@@ -1,0 +1,238 @@
+"""PPO-family losses as pure functions of packed token tensors; each returns `(loss, stats)`.
+
+Every tensor is packed `[N]` (one entry per real token, see `arealite.data.packing`) with
+`cu_seqlens` int32 [B+1] marking sequences; `loss_mask` [N] selects the trained tokens.
+Log-probabilities are token-aligned: `logp[t] = log p(token t | tokens < t)`.
+
+Variants are functions picked from the registries below (`AGGREGATIONS`, `KL_ESTIMATORS`,
+`LOG_RATIOS`), not flags inside one function:
+- decoupled PPO (Hilton et al. 2021; AReaL): the ratio is taken to the proximal policy
+  `prox_logp`, and each token is weighted by the behaviour importance weight
+  `exp(prox_logp - behav_logp)`; weights above `behav_imp_weight_cap` drop the token.
+- dual clip (Ye et al. 2020, `c_clip`), clip-higher (DAPO, `eps_clip_higher`).
+- GSPO (Zheng et al. 2025): one ratio per sequence, the exp of its mean token log-ratio.
+- aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum (Dr.GRPO, Liu et al. 2025).
+- KL estimators k1/k2/k3 (Schulman, "Approximating KL divergence").
+
+Stats are detached scalar tensors; keys ending in `_max`/`_min` are extrema, the rest means.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+Tensor = torch.Tensor
+Stats = dict[str, Tensor]
+
+
+def segment_ids(cu_seqlens: Tensor) -> Tensor:
+    """Sequence index of every packed token: [N] long."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    return torch.repeat_interleave(torch.arange(len(lens), device=cu_seqlens.device), lens)
+
+
+def segment_sum(x: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Per-sequence sum of packed `x` [N] -> [B]."""
+    out = x.new_zeros(len(cu_seqlens) - 1)
+    return out.index_add(0, segment_ids(cu_seqlens).to(x.device), x)
+
+
+# ---- aggregation: [N] values -> scalar, with the weight that makes micro-batch sums exact ----
+
+
+def token_mean(x: Tensor, mask: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Mean over all loss tokens of the batch."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1.0)
+
+
+def seq_mean_token_mean(x: Tensor, mask: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Mean over sequences (with >= 1 loss token) of each sequence's token mean."""
+    m = mask.to(x.dtype)
+    count = segment_sum(m, cu_seqlens)  # [B]
+    per_seq = segment_sum(x * m, cu_seqlens) / count.clamp(min=1.0)
+    has = (count > 0).to(x.dtype)
+    return (per_seq * has).sum() / has.sum().clamp(min=1.0)
+
+
+def seq_mean_token_sum(x: Tensor, mask: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """Mean over sequences of each sequence's token sum (Dr.GRPO: no length normalization)."""
+    m = mask.to(x.dtype)
+    count = segment_sum(m, cu_seqlens)
+    has = (count > 0).to(x.dtype)
+    return (segment_sum(x * m, cu_seqlens) * has).sum() / has.sum().clamp(min=1.0)
+
+
+def count_tokens(mask: Tensor, cu_seqlens: Tensor) -> float:
+    return float(mask.sum())
+
+
+def count_sequences(mask: Tensor, cu_seqlens: Tensor) -> float:
+    return float((segment_sum(mask.float(), cu_seqlens) > 0).sum())
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How token values become one loss, and the weight of a micro-batch in the global mean.
+
+    Splitting a batch into micro-batches (and ranks) and summing `reduce(mb) * weight(mb) /
+    sum of weights` gives exactly `reduce(batch)`.
+    """
+
+    reduce: Callable[[Tensor, Tensor, Tensor], Tensor]
+    weight: Callable[[Tensor, Tensor], float]
+
+
+AGGREGATIONS: dict[str, Aggregation] = {
+    "token-mean": Aggregation(token_mean, count_tokens),
+    "seq-mean-token-mean": Aggregation(seq_mean_token_mean, count_sequences),
+    "seq-mean-token-sum": Aggregation(seq_mean_token_sum, count_sequences),
+}
+
+
+# ---- KL estimators: per-token estimate of KL(pi || ref) from samples of pi ----
+
+
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    return logp - ref_logp
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    log_r = ref_logp - logp
+    return torch.exp(log_r) - log_r - 1.0
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+# ---- log importance ratios to the proximal policy ----
+
+
+def token_log_ratio(logp: Tensor, prox_logp: Tensor, mask: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """PPO's per-token log ratio [N]."""
+    return logp - prox_logp
+
+
+def sequence_log_ratio(logp: Tensor, prox_logp: Tensor, mask: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """GSPO: each token carries its sequence's mean log ratio over loss tokens [N].
+
+    Gradients flow to every token of the sequence through the mean (GSPO's sequence
+    objective, not GSPO-token's stop-gradient variant).
+    """
+    m = mask.to(logp.dtype)
+    per_seq = segment_sum((logp - prox_logp) * m, cu_seqlens) / segment_sum(m, cu_seqlens).clamp(min=1.0)
+    return per_seq[segment_ids(cu_seqlens).to(logp.device)]
+
+
+LOG_RATIOS: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
+    "token": token_log_ratio,
+    "sequence": sequence_log_ratio,
+}
+
+
+def _masked_stats(prefix: str, x: Tensor, mask: Tensor) -> Stats:
+    sel = x.detach()[mask]
+    if sel.numel() == 0:
+        sel = x.new_zeros(1)
+    return {f"{prefix}": sel.float().mean(), f"{prefix}_max": sel.float().max(), f"{prefix}_min": sel.float().min()}
+
+
+def ppo_actor_loss(
+    logp: Tensor,
+    prox_logp: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    cu_seqlens: Tensor,
+    eps_clip: float,
+    eps_clip_higher: float | None = None,
+    c_clip: float | None = None,
+    behav_logp: Tensor | None = None,
+    behav_imp_weight_cap: float | None = None,
+    aggregate: Callable[[Tensor, Tensor, Tensor], Tensor] = token_mean,
+    log_ratio: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] = token_log_ratio,
+) -> tuple[Tensor, Stats]:
+    """Clipped policy-gradient loss; all tensors [N]. Returns (scalar loss, stats).
+
+    With `behav_logp` (decoupled PPO) every token is weighted by `exp(prox_logp -
+    behav_logp)`; tokens whose weight exceeds `behav_imp_weight_cap` are dropped from the
+    loss (they still count in the aggregation's denominator, so dropping never rescales
+    the other tokens).
+    """
+    mask = loss_mask.bool()
+    ratio = torch.exp(log_ratio(logp, prox_logp, mask, cu_seqlens))
+    hi = eps_clip if eps_clip_higher is None else eps_clip_higher
+    pg1 = -advantages * ratio
+    pg2 = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + hi)
+    pg = torch.maximum(pg1, pg2)
+    clipped = pg2 > pg1
+    stats: Stats = {}
+    if c_clip is not None:
+        # Dual clip bounds the loss of negative-advantage tokens whose ratio ran far up.
+        pg3 = -advantages * c_clip
+        dual = (advantages < 0) & (pg3 < pg)
+        pg = torch.where(advantages < 0, torch.minimum(pg, pg3), pg)
+        stats["dual_clip_frac"] = token_mean(dual.float(), mask, cu_seqlens).detach()
+    if behav_logp is not None:
+        weight = torch.exp(prox_logp - behav_logp)
+        keep = mask
+        if behav_imp_weight_cap is not None:
+            keep = mask & (weight <= behav_imp_weight_cap)
+            stats["behav_imp_weight_capped_frac"] = token_mean((mask & ~keep).float(), mask, cu_seqlens).detach()
+        pg = torch.where(keep, pg * weight.detach(), torch.zeros_like(pg))
+        stats.update(_masked_stats("behav_imp_weight", weight, mask))
+    loss = aggregate(pg, mask, cu_seqlens)
+    stats["pg_loss"] = loss.detach()
+    stats["clip_frac"] = token_mean(clipped.float(), mask, cu_seqlens).detach()
+    stats.update(_masked_stats("importance_ratio", ratio, mask))
+    return loss, stats
+
+
+def kl_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    loss_mask: Tensor,
+    cu_seqlens: Tensor,
+    estimator: Callable[[Tensor, Tensor], Tensor] = kl_k3,
+    aggregate: Callable[[Tensor, Tensor, Tensor], Tensor] = token_mean,
+) -> tuple[Tensor, Stats]:
+    """KL(pi || ref) as a loss term (GRPO's placement); multiply by the KL coefficient outside."""
+    loss = aggregate(estimator(logp, ref_logp), loss_mask.bool(), cu_seqlens)
+    return loss, {"kl": loss.detach()}
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) along the last dimension: [..., V] -> [...]."""
+    logz = torch.logsumexp(logits, dim=-1)
+    p = torch.softmax(logits, dim=-1)
+    return logz - (p * logits).sum(-1)
+
+
+def clipped_value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    loss_mask: Tensor,
+    cu_seqlens: Tensor,
+    value_eps_clip: float | None,
+    aggregate: Callable[[Tensor, Tensor, Tensor], Tensor] = token_mean,
+) -> tuple[Tensor, Stats]:
+    """PPO value loss 0.5 * max((v - R)^2, (v_clip - R)^2), v_clip = old + clip(v - old, ±eps)."""
+    mask = loss_mask.bool()
+    err = (values - returns) ** 2
+    if value_eps_clip is None:
+        per_token = 0.5 * err
+        clip_frac = torch.zeros((), device=values.device)
+    else:
+        v_clip = old_values + torch.clamp(values - old_values, -value_eps_clip, value_eps_clip)
+        err_clip = (v_clip - returns) ** 2
+        per_token = 0.5 * torch.maximum(err, err_clip)
+        clip_frac = token_mean((err_clip > err).float(), mask, cu_seqlens)
+    loss = aggregate(per_token, mask, cu_seqlens)
+    return loss, {"value_loss": loss.detach(), "value_clip_frac": clip_frac.detach()}

@@ -1,0 +1,97 @@
+"""Process-group setup for the trainer: torchrun's environment, or one plain process.
+
+`init_distributed()` is idempotent. Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) it joins
+the job with `env://`; in a plain `python` process or a notebook it creates a world of one
+on an in-memory store, so the same training code runs unchanged. The backend is gloo on
+CPU; on CUDA it is nccl for GPU tensors with gloo beside it for CPU tensors (object
+collectives, metadata).
+
+Deliberately absent: tensor/sequence parallelism and multi-dimensional meshes; arealite's
+trainer is data-parallel FSDP2 only.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def default_backend() -> str:
+    """`cpu:gloo,cuda:nccl` when CUDA is usable, else `gloo`."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str | None = None, timeout: float = 1800.0) -> None:
+    """Join torchrun's job, or start a single-process world; a no-op when already initialized.
+
+    `backend` defaults to `default_backend()`. On CUDA the current device is set to
+    LOCAL_RANK before the group is created.
+    """
+    if dist.is_initialized():
+        return
+    backend = backend or default_backend()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank())
+    if all(v in os.environ for v in _TORCHRUN_VARS):
+        dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
+        return
+    missing = [v for v in _TORCHRUN_VARS if v not in os.environ]
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise RuntimeError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {missing} are unset; start the trainer with "
+            "torchrun (or the arealite launchers), or unset WORLD_SIZE for a single process"
+        )
+    # A world of one needs no rendezvous: an in-process store avoids picking a port.
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout))
+
+
+def is_initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_initialized() else 1
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def device() -> torch.device:
+    """The device this rank computes on: its CUDA device, or the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def barrier() -> None:
+    if is_initialized() and world_size() > 1:
+        dist.barrier()
+
+
+def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """All-reduce `t` in place (sum | max | min) when there is more than one rank; returns `t`."""
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    if op not in ops:
+        raise ValueError(f"op={op!r} is not supported; use one of {list(ops)}")
+    if is_initialized() and world_size() > 1:
+        dist.all_reduce(t, op=ops[op])
+    return t
+
+
+def destroy_distributed() -> None:
+    if is_initialized():
+        dist.destroy_process_group()

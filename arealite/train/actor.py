@@ -1,0 +1,139 @@
+"""PPOActor: the policy under training — recomputed logprobs, advantages, and the PPO update.
+
+Typical step (DESIGN §1), every call collective over trainer ranks:
+
+    batch["prox_logp"] = actor.compute_logp(batch)
+    actor.compute_advantages(batch)          # writes batch["advantages"] (and "returns")
+    stats = actor.ppo_update(batch)          # one dict per optimizer step (ppo_n_minibatches)
+
+Which loss variant runs is chosen by config fields that name functions in
+`arealite.algo.losses` (aggregation, ratio level, KL estimator); advantages come from
+`arealite.algo.advantages` (see `arealite.train.advantage_estimation`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from arealite.algo import losses as L
+from arealite.config import PPOActorConfig
+from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
+from arealite.train.advantage_estimation import estimate_advantages
+from arealite.train.engine import FSDPEngine, load_causal_lm
+from arealite.train.logprobs import packed_token_logprobs
+
+
+class PPOActor(FSDPEngine):
+    """FSDPEngine plus the PPO/GRPO verbs. `total_train_steps` counts training steps."""
+
+    def __init__(self, config: PPOActorConfig, total_train_steps: int | None = None, build_model=load_causal_lm):
+        optimizer_steps = None if total_train_steps is None else total_train_steps * config.ppo_n_minibatches
+        super().__init__(config, optimizer_steps, build_model)
+        self.config: PPOActorConfig = config
+
+    @torch.no_grad()
+    def compute_logp(self, batch: Batch, temperature: float | None = None) -> torch.Tensor:
+        """Token-aligned logprobs [B, T] (fp32) at the current weights and `temperature`.
+
+        `out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])` from logits / temperature;
+        0 at t = 0, on padding, and (when the batch has `loss_mask`) outside the loss mask.
+        """
+        temp = self.config.temperature if temperature is None else temperature
+        hook = lambda logits, mb: packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"], temp)  # noqa: E731
+        logp = self.forward(batch, hook)
+        keep = batch["attention_mask"].bool()
+        if "loss_mask" in batch:
+            keep = keep & batch["loss_mask"].bool()
+        return torch.where(keep.to(logp.device), logp, torch.zeros_like(logp))
+
+    def compute_advantages(self, batch: Batch) -> Batch:
+        """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it."""
+        batch.update(estimate_advantages(batch, self.config))
+        return batch
+
+    def ppo_update(self, batch: Batch) -> list[dict[str, float]]:
+        """`ppo_n_minibatches` optimizer steps over this rank's batch; stats per step.
+
+        Needs `advantages` (compute_advantages) and, for the decoupled loss, `prox_logp`
+        (compute_logp). Without `prox_logp` the behaviour `logprobs` are the old policy.
+        """
+        cfg = self.config
+        for key in ("advantages", "loss_mask", "logprobs"):
+            if key not in batch:
+                hint = " (call actor.compute_advantages(batch) first)" if key == "advantages" else ""
+                raise KeyError(f"ppo_update needs batch[{key!r}]{hint}")
+        if "prox_logp" not in batch:
+            if cfg.use_decoupled_loss:
+                raise KeyError(
+                    "actor.use_decoupled_loss=true needs batch['prox_logp']: set it to actor.compute_logp(batch)"
+                )
+            batch = {**batch, "prox_logp": batch["logprobs"]}
+        lens = seqlens_of(batch["attention_mask"]).tolist()
+        if len(lens) < cfg.ppo_n_minibatches:
+            raise ValueError(
+                f"this rank holds {len(lens)} sequences, fewer than actor.ppo_n_minibatches={cfg.ppo_n_minibatches}"
+            )
+        agg = L.AGGREGATIONS[cfg.loss_agg_mode]
+        loss_fn = partial(actor_loss, config=cfg)
+        weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
+        return [
+            self.train_batch(select(batch, rows), loss_fn, weight_fn)
+            for rows in balanced_partition(lens, cfg.ppo_n_minibatches)
+        ]
+
+
+FSDPPPOActor = PPOActor  # the name used in DESIGN.md's loop
+
+
+def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple[torch.Tensor, dict]:
+    """The configured PPO loss on one packed micro-batch; logits [N, V]."""
+    dev = logits.device
+    cu = mb["cu_seqlens"].to(dev)
+    mask = mb["loss_mask"].to(dev).bool()
+    logp = packed_token_logprobs(logits, mb["input_ids"], cu, config.temperature)
+    prox = mb["prox_logp"].to(dev).float()
+    behav = mb["logprobs"].to(dev).float()
+    agg = L.AGGREGATIONS[config.loss_agg_mode].reduce
+    loss, stats = L.ppo_actor_loss(
+        logp, prox, mb["advantages"].to(dev).float(), mask, cu,
+        eps_clip=config.eps_clip, eps_clip_higher=config.eps_clip_higher, c_clip=config.c_clip,
+        behav_logp=behav if config.use_decoupled_loss else None,
+        behav_imp_weight_cap=config.behav_imp_weight_cap,
+        aggregate=agg, log_ratio=L.LOG_RATIOS[config.importance_sampling_level],
+    )  # fmt: skip
+    if config.kl_ctl > 0 and not config.kl_in_reward:
+        if "ref_logp" not in mb:
+            raise KeyError("actor.kl_ctl > 0 needs batch['ref_logp']: set it to ref.compute_logp(batch)")
+        kl, kl_stats = L.kl_loss(logp, mb["ref_logp"].to(dev).float(), mask, cu, L.KL_ESTIMATORS[config.kl_estimator], agg)
+        loss = loss + config.kl_ctl * kl
+        stats.update(kl_stats)
+    entropy = _token_entropy(logits, cu, config.temperature, grad=config.entropy_coef > 0)
+    ent = agg(entropy, mask, cu)
+    if config.entropy_coef > 0:
+        loss = loss - config.entropy_coef * ent
+    stats["entropy"] = ent.detach()
+    stats.update(_mismatch_stats(behav, prox, mask, cu))
+    return loss, stats
+
+
+def _token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
+    """Entropy of the distribution each token was sampled from, token-aligned [N]."""
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        ent = L.entropy_from_logits(logits.float() / temperature)
+    ent = torch.cat([ent.new_zeros(1), ent[:-1]])
+    return ent.index_fill(0, cu_seqlens[:-1].long(), 0.0)
+
+
+def _mismatch_stats(behav: torch.Tensor, prox: torch.Tensor, mask: torch.Tensor, cu: torch.Tensor) -> dict:
+    """Train-inference mismatch: |logprobs - prox_logp| and the behaviour importance weight."""
+    diff = (behav - prox).abs()
+    weight = torch.exp(prox - behav)
+    sel_d, sel_w = diff[mask], weight[mask]
+    if sel_d.numel() == 0:
+        sel_d = sel_w = diff.new_zeros(1)
+    return {
+        "logprob_mismatch": sel_d.mean(), "logprob_mismatch_max": sel_d.max(),
+        "behav_imp_weight": sel_w.mean(), "behav_imp_weight_max": sel_w.max(), "behav_imp_weight_min": sel_w.min(),
+    }  # fmt: skip

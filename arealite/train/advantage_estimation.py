@@ -1,0 +1,92 @@
+"""From a batch's rewards (and critic values) to token-aligned advantages, as the config says.
+
+Steps, each a call into `arealite.algo.advantages`:
+1. Reward shaping per sequence: `clip((r + reward_bias) * reward_scaling, ±reward_clip)`,
+   plus DAPO's soft overlong penalty on responses that run into the last `overlong_tokens`
+   of the budget.
+2. Group baseline (`adv_norm`): GRPO mean/std, Dr.GRPO mean only, RLOO leave-one-out, or the
+   REINFORCE++-baseline group mean (then whitened over the batch).
+3. Token level, only when needed: with critic `values` or a KL-in-reward penalty the
+   sequence score lands on its last loss token and GAE over the packed tokens gives
+   advantages and returns; otherwise the score is broadcast to every loss token.
+4. `batch` / `group_baseline_batch`: whitening over all loss tokens of the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from arealite.algo import advantages as A
+from arealite.algo.losses import KL_ESTIMATORS
+from arealite.config import PPOActorConfig
+from arealite.data.packing import Batch, pack, unpack
+
+GROUP_MODES = {"group": "mean_std", "group_mean": "mean", "rloo": "rloo", "group_baseline_batch": "mean"}
+WHITENED = ("batch", "group_baseline_batch")
+
+
+def shaped_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor, config: PPOActorConfig) -> torch.Tensor:
+    """Scaled, biased, clipped rewards [B] with the overlong penalty added."""
+    r = ((rewards.float() + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
+    if config.overlong_tokens:
+        # DAPO: linear penalty from 0 at (budget - overlong_tokens) to -factor at the budget.
+        free = config.max_new_tokens - config.overlong_tokens
+        gen_len = loss_mask.sum(-1).float()
+        excess = (gen_len - free).clamp(min=0.0)
+        r = r - config.overlong_penalty_factor * (excess / config.overlong_tokens).clamp(max=1.0)
+    return r
+
+
+def estimate_advantages(batch: Batch, config: PPOActorConfig) -> dict[str, torch.Tensor]:
+    """`{"advantages": [B, T]}` (plus `"returns"` on the token-level path); zero off the loss mask."""
+    loss_mask = batch["loss_mask"]
+    score = shaped_rewards(batch["rewards"], loss_mask, config)  # [B]
+    if config.adv_norm in GROUP_MODES:
+        G = config.group_size
+        if score.shape[0] % G != 0:
+            raise ValueError(
+                f"batch of {score.shape[0]} sequences is not a whole number of groups of actor.group_size={G}; "
+                "keep every group's samples together on one rank"
+            )
+        score = A.group_normalize(score, G, mode=GROUP_MODES[config.adv_norm], eps=config.adv_eps)
+    token_level = "values" in batch or (config.kl_ctl > 0 and config.kl_in_reward)
+    out: dict[str, torch.Tensor] = {}
+    if token_level:
+        out = _token_level(batch, score, config)
+        adv = out["advantages"]
+    else:
+        adv = A.broadcast_to_tokens(score, loss_mask)
+    mask = loss_mask.bool()
+    if config.adv_norm in WHITENED:
+        adv = A.masked_whiten(adv, mask, config.adv_eps)
+    out["advantages"] = torch.where(mask, adv, torch.zeros_like(adv)).float()
+    return out
+
+
+def _token_level(batch: Batch, score: torch.Tensor, config: PPOActorConfig) -> dict[str, torch.Tensor]:
+    keys = ["attention_mask", "loss_mask"] + [k for k in ("values", "logprobs", "prox_logp", "ref_logp") if k in batch]
+    packed = pack({k: batch[k] for k in keys})
+    cu, mask = packed["cu_seqlens"], packed["loss_mask"].bool()
+    rewards = torch.zeros(mask.shape[0], dtype=torch.float32)
+    last = _last_loss_token(mask, cu)  # [B], -1 where a sequence trains on no token
+    has = last >= 0
+    rewards[last[has]] += score[has].float()
+    if config.kl_ctl > 0 and config.kl_in_reward:
+        if "ref_logp" not in packed:
+            raise KeyError("actor.kl_in_reward with kl_ctl > 0 needs batch['ref_logp'] (ref.compute_logp(batch))")
+        logp = packed.get("prox_logp", packed["logprobs"]).float()
+        kl = KL_ESTIMATORS[config.kl_estimator](logp, packed["ref_logp"].float())
+        rewards -= config.kl_ctl * kl * mask
+    values = packed["values"].float() if "values" in packed else torch.zeros_like(rewards)
+    adv, ret = A.gae_packed(rewards, values, mask, cu, config.gamma, config.lam)
+    T = batch["loss_mask"].shape[1]
+    return {"advantages": unpack(adv, cu, T), "returns": unpack(ret, cu, T)}
+
+
+def _last_loss_token(mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Packed index of each sequence's last loss token, -1 if it has none: [B] long."""
+    B = len(cu_seqlens) - 1
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    seg = torch.repeat_interleave(torch.arange(B), lens)
+    idx = torch.where(mask, torch.arange(mask.shape[0]), torch.full_like(seg, -1))
+    return torch.full((B,), -1, dtype=torch.long).scatter_reduce(0, seg, idx, reduce="amax")

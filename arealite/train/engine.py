@@ -1,0 +1,270 @@
+"""FSDPEngine: a transformers causal LM under FSDP2, trained on packed token-budget micro-batches.
+
+The engine knows no algorithm. `train_batch(batch, loss_fn, loss_weight_fn)` packs the
+padded batch, splits it into micro-batches of whole sequences by `mb_spec`, runs forward
+and backward on each, and takes one optimizer step. Each micro-batch's loss is scaled by
+`loss_weight_fn(mb) / (sum of weights over all micro-batches and ranks)`, so the update
+equals the one from the whole global batch at once (FSDP averages gradients over ranks,
+which the engine undoes by a factor of world size).
+
+Sharding: `fully_shard` on every decoder layer, then on the root. Mixed precision: bf16
+compute with fp32 master weights and fp32 gradient reduction on CUDA; fp32 on CPU.
+Every rank runs the same number of micro-batches (FSDP's all-gathers must line up); a rank
+with fewer sequences than that runs zero-weight filler micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from arealite import distributed as dist_utils
+from arealite.config import TrainEngineConfig
+from arealite.data.packing import Batch, pack, select, seqlens_of, split_by_token_budget, unpack
+from arealite.train import weights as W
+from arealite.train.lr_schedule import build_scheduler
+from arealite.train.stats import StatsAccumulator
+from arealite.types import WeightUpdateMeta
+
+# loss_fn(logits [N, V] of one packed micro-batch, that micro-batch) -> (scalar loss, stats)
+LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, Any]]]
+# loss_weight_fn(packed micro-batch) -> its weight in the global mean (e.g. its loss tokens)
+LossWeightFn = Callable[[Batch], float]
+# post_hook(logits [N, V], packed micro-batch) -> per-token result [N, ...]
+PostHook = Callable[[torch.Tensor, Batch], torch.Tensor]
+ModelBuilder = Callable[[str, str], torch.nn.Module]
+
+
+def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
+    """The default model builder: an HF causal LM in fp32 (master weights)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
+
+
+def _attn_implementation() -> str:
+    # Packed rows need attention confined per sequence: flash-attention derives it from
+    # position_ids on CUDA; on CPU transformers' sdpa mask builder detects restarting
+    # position_ids and builds a block-diagonal causal mask (tests/train check both ways agree).
+    if torch.cuda.is_available():
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except ImportError:
+            return "sdpa"
+    return "sdpa"
+
+
+class FSDPEngine:
+    """A sharded model, its optimizer and micro-batched forward/backward. Collective API.
+
+    `total_train_steps` counts optimizer steps; it is needed by warmup and decaying lr
+    schedules. `build_model(path, attn_implementation)` lets a critic swap in a value head.
+    """
+
+    def __init__(
+        self,
+        config: TrainEngineConfig,
+        total_train_steps: int | None = None,
+        build_model: ModelBuilder = load_causal_lm,
+    ) -> None:
+        if not config.path:
+            raise ValueError("TrainEngineConfig.path is empty; set it to an HF model folder (e.g. actor.path=...)")
+        dist_utils.init_distributed()
+        self.config = config
+        self.device = dist_utils.device()
+        self.compute_dtype = self._compute_dtype(config.dtype)
+        model = build_model(config.path, _attn_implementation())
+        self.hf_config = model.config
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.model = self._shard(model)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler = None
+        if config.optimizer is not None:
+            opt = config.optimizer
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                weight_decay=opt.weight_decay,
+            )  # fmt: skip
+            self.scheduler = build_scheduler(self.optimizer, opt, total_train_steps)
+        self.weight_update_groups: dict[str, Any] = {}  # group name -> process group (rank 0)
+        self.version = 0  # weight version; bumped by the caller after each upload
+
+    # ---- setup ----
+
+    def _compute_dtype(self, dtype: str) -> torch.dtype:
+        if dtype == "auto":
+            return torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        return getattr(torch, dtype)
+
+    def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        mesh = init_device_mesh(self.device.type, (dist_utils.world_size(),))
+        kwargs: dict[str, Any] = {"mesh": mesh}
+        if self.compute_dtype != torch.float32:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+        if self.config.cpu_offload and self.device.type == "cuda":  # on CPU the weights already live there
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        layer_types = set(getattr(model, "_no_split_modules", None) or [])
+        layers = [m for m in model.modules() if type(m).__name__ in layer_types]
+        if not layers:
+            raise ValueError(f"cannot find decoder layers ({sorted(layer_types)}) in {type(model).__name__}")
+        for layer in layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    # ---- micro-batching ----
+
+    def _micro_batches(self, batch: Batch) -> list[tuple[Batch, list[int] | None]]:
+        """Packed micro-batches of this rank, padded with fillers to the max count over ranks.
+
+        Returns (packed micro-batch, its rows of `batch`) pairs; rows is None for a filler.
+        """
+        if batch["attention_mask"].shape[0] == 0:
+            raise ValueError("empty batch: every trainer rank needs at least one sequence")
+        lens = seqlens_of(batch["attention_mask"]).tolist()
+        spec = self.config.mb_spec
+        groups = split_by_token_budget(lens, spec.max_tokens_per_mb, spec.n_mbs)
+        n = int(dist_utils.all_reduce(torch.tensor(len(groups)), "max"))
+        if n > len(groups):
+            groups = split_by_token_budget(lens, spec.max_tokens_per_mb, n)
+        out: list[tuple[Batch, list[int] | None]] = [(pack(select(batch, g)), g) for g in groups]
+        while len(out) < n:  # fewer sequences here than micro-batches elsewhere
+            filler = pack(select(batch, [0]))
+            if "loss_mask" in filler:
+                filler["loss_mask"] = torch.zeros_like(filler["loss_mask"])
+            out.append((filler, None))
+        return out
+
+    def _forward_packed(self, mb: Batch) -> torch.Tensor:
+        """Logits [N, V] of one packed micro-batch (attention confined per sequence)."""
+        ids = mb["input_ids"].to(self.device)[None]
+        pos = mb["position_ids"].to(self.device)[None]
+        out = self.model(input_ids=ids, position_ids=pos, use_cache=False)
+        return out.logits[0]
+
+    # ---- public API ----
+
+    def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> dict[str, float]:
+        """One optimizer step on this rank's padded `batch`; collective. Returns reduced stats."""
+        if self.optimizer is None:
+            raise RuntimeError("this engine has no optimizer (config.optimizer is None): it is frozen")
+        self.optimizer.zero_grad(set_to_none=True)
+        acc, total = self._accumulate_gradients(batch, loss_fn, loss_weight_fn)
+        grad_norm = self._clip_gradients()
+        lr = self.optimizer.param_groups[0]["lr"]
+        stepped = total > 0 and math.isfinite(grad_norm)
+        if stepped:  # the same decision on every rank: total and grad_norm are global
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        out = acc.reduce()
+        out.update(grad_norm=grad_norm, lr=lr, loss_weight=total, update_skipped=float(not stepped))
+        return out
+
+    def _accumulate_gradients(
+        self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn
+    ) -> tuple[StatsAccumulator, float]:
+        """Forward/backward over all micro-batches; grads hold d(global weighted loss)/dθ."""
+        self.model.train()
+        mbs = self._micro_batches(batch)
+        weights = [0.0 if rows is None else float(loss_weight_fn(mb)) for mb, rows in mbs]
+        total = float(dist_utils.all_reduce(torch.tensor(sum(weights), dtype=torch.float64), "sum"))
+        acc = StatsAccumulator()
+        for i, (mb, rows) in enumerate(mbs):
+            self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # reduce-scatter once, at the end
+            loss, stats = loss_fn(self._forward_packed(mb), mb)
+            scale = weights[i] / total * dist_utils.world_size() if total > 0 else 0.0
+            (loss * scale).backward()
+            if rows is not None:
+                acc.add({"loss": loss.detach(), **stats}, weights[i])
+        return acc, total
+
+    def _clip_gradients(self) -> float:
+        max_norm = self.config.optimizer.gradient_clipping
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return float(norm)
+
+    @torch.no_grad()
+    def forward(self, batch: Batch, post_hook: PostHook | None = None) -> torch.Tensor:
+        """Per-token outputs `[B, T, ...]` aligned with the padded batch; collective.
+
+        Without `post_hook` the logits themselves come back ([B, T, V]: small models only).
+        """
+        self.model.eval()
+        B, T = batch["attention_mask"].shape
+        result: torch.Tensor | None = None
+        for mb, rows in self._micro_batches(batch):
+            logits = self._forward_packed(mb)
+            y = logits if post_hook is None else post_hook(logits, mb)
+            if rows is None:
+                continue
+            padded = unpack(y.detach(), mb["cu_seqlens"].to(y.device), T).cpu()
+            if result is None:
+                result = padded.new_zeros((B, *padded.shape[1:]))
+            result[torch.as_tensor(rows)] = padded
+        return result
+
+    def save(self, path: str) -> None:
+        """Write the model as an HF folder (config, safetensors, tokenizer files); collective."""
+        W.save_hf(self.model, self.hf_config, path, source_path=self.config.path)
+
+    def load(self, path: str) -> None:
+        """Load weights from an HF folder into the sharded model (every rank reads the files)."""
+        W.load_full_weights(self.model, W.read_hf_weights(path))
+
+    def export_weights(self, dtype: torch.dtype | None = None):
+        """Iterator of (name, full tensor); collective — every rank must exhaust it."""
+        return W.iter_full_weights(self.model, dtype)
+
+    # ---- weight upload to inference servers (the tensor side; HTTP is the rollout client's) ----
+
+    def weight_buckets(self, meta: WeightUpdateMeta) -> list[list[W.WeightSpec]]:
+        """The buckets `upload_weights` broadcasts, in order: lists of (name, dtype, shape).
+
+        Each bucket is one `/update_weights_from_distributed` body (names, dtypes, shapes).
+        Tensors travel in the compute dtype (bf16 on CUDA, fp32 on CPU).
+        """
+        return W.weight_buckets(self.model, self.compute_dtype, meta.weight_chunk_mb)
+
+    def init_weight_update_group(self, meta: WeightUpdateMeta, world_size: int, backend: str | None = None) -> None:
+        """Rank 0 joins the weight-update group as its rank 0 (it hosts the store); others return.
+
+        `world_size` = 1 + the number of server ranks. Blocks until every server has joined,
+        so the `/init_weights_update_group` requests must be in flight concurrently.
+        """
+        if not dist_utils.is_main():
+            return
+        from arealite.utils.process_group import init_custom_process_group
+
+        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        self.weight_update_groups[meta.group_name] = init_custom_process_group(
+            backend, meta.master_address, meta.master_port, 0, world_size, meta.group_name
+        )
+
+    def upload_weights(self, meta: WeightUpdateMeta, on_bucket: Callable[[int, list], None] | None = None) -> None:
+        """Push the current weights out; collective over trainer ranks.
+
+        disk: rank 0 writes an HF folder to `meta.path`, then all ranks meet at a barrier.
+        distributed: every rank gathers full parameters; rank 0 broadcasts them over the
+        group `meta.group_name`, in the order of `weight_buckets(meta)`. `on_bucket(i,
+        bucket)` runs on rank 0 just before bucket i is broadcast.
+        """
+        if meta.type == "disk":
+            if not meta.path:
+                raise ValueError("WeightUpdateMeta.path is empty; disk weight updates need a shared folder")
+            self.save(meta.path)
+        elif meta.type == "distributed":
+            group = self.weight_update_groups.get(meta.group_name)
+            W.broadcast_buckets(self.model, self.weight_buckets(meta), group, on_bucket)
+            dist_utils.barrier()
+        else:
+            raise ValueError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk' or 'distributed'")

@@ -1,0 +1,30 @@
+"""Token-aligned log-probabilities from packed logits.
+
+Position `t` of the result holds `log p(token t | tokens < t)` (DESIGN §5), computed from
+the logits at position `t - 1` divided by the sampling temperature — the same quantity the
+servers return. The first token of every sequence has no prediction and gets 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def packed_token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """logits [N, V] (position i predicts token i+1), input_ids [N] -> logprobs [N] in fp32."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 to define logprobs; greedy rollouts use 1.0")
+    n = logits.shape[0]
+    out = logits.new_zeros(n, dtype=torch.float32)
+    if n < 2:
+        return out
+    scaled = logits[:-1].float() / temperature  # [N-1, V]
+    nxt = input_ids[1:].to(logits.device)  # the token each position predicts
+    # logp = logit[target] - logsumexp: no [N, V] log-softmax tensor is materialized.
+    lp = scaled.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    out = torch.cat([out[:1], lp])
+    starts = cu_seqlens[:-1].long().to(out.device)
+    # A sequence's first token is "predicted" by the previous sequence's last position: drop it.
+    return out.index_fill(0, starts, 0.0)

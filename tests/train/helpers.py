@@ -1,0 +1,45 @@
+"""Batches and engines shared by the training tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_batch(lens: list[int], prompt_len: int = 3, group_size: int = 2, seed: int = 0, vocab: int = 500) -> dict:
+    """A right-padded trajectory batch with random tokens, rewards and behaviour logprobs."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = len(lens), max(lens)
+    lens_t = torch.tensor(lens)
+    am = (torch.arange(T)[None] < lens_t[:, None]).long()
+    ids = torch.randint(1, vocab, (B, T), generator=g) * am
+    lm = am.clone()
+    lm[:, :prompt_len] = 0
+    rewards = torch.randint(0, 2, (B,), generator=g).float()
+    logprobs = (-torch.rand(B, T, generator=g) * 3) * lm
+    versions = torch.where(lm.bool(), 0, -1)
+    return {"input_ids": ids, "attention_mask": am, "loss_mask": lm, "logprobs": logprobs, "versions": versions,
+            "rewards": rewards}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
+    env.update(extra)
+    return env
+
+
+PYTHON = sys.executable

@@ -1,0 +1,130 @@
+"""PPOActor on one process: logprob alignment, advantages against naive loops, the update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from arealite.config import ConfigError, MicroBatchSpec, OptimizerConfig, PPOActorConfig
+from arealite.train.actor import PPOActor
+from arealite.train.advantage_estimation import estimate_advantages
+from tests.train.helpers import make_batch
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def actor(tiny_model_dir) -> PPOActor:
+    cfg = PPOActorConfig(path=tiny_model_dir, group_size=2, optimizer=OptimizerConfig(lr=1e-3),
+                         mb_spec=MicroBatchSpec(n_mbs=2))  # fmt: skip
+    return PPOActor(cfg)
+
+
+def test_compute_logp_is_token_aligned(actor, tiny_model_dir):
+    batch = make_batch([10, 6, 8, 4], seed=5)
+    temp = 0.7
+    logp = actor.compute_logp(batch, temperature=temp)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    for b in range(4):
+        ids = batch["input_ids"][b]
+        n = int(batch["attention_mask"][b].sum())
+        logits = ref(input_ids=ids[None, :n]).logits[0] / temp
+        for t in range(n):
+            want = torch.log_softmax(logits[t - 1], -1)[ids[t]].item() if t > 0 else 0.0
+            want = want if batch["loss_mask"][b, t] else 0.0
+            assert abs(logp[b, t].item() - want) < 1e-5, (b, t)
+        assert (logp[b, n:] == 0).all()
+
+
+def _naive_grpo(rewards, loss_mask, G, mode, eps=1e-6):
+    out = torch.zeros(loss_mask.shape)
+    for b in range(len(rewards)):
+        grp = [rewards[i].item() for i in range(b // G * G, b // G * G + G)]
+        mean = sum(grp) / G
+        if mode == "group":
+            std = (sum((x - mean) ** 2 for x in grp) / G) ** 0.5
+            a = (rewards[b].item() - mean) / (std + eps)
+        elif mode == "group_mean":
+            a = rewards[b].item() - mean
+        else:  # rloo
+            a = rewards[b].item() - (sum(grp) - rewards[b].item()) / (G - 1)
+        for t in range(loss_mask.shape[1]):
+            out[b, t] = a if loss_mask[b, t] else 0.0
+    return out
+
+
+@pytest.mark.parametrize("G", [2, 3, 4])
+@pytest.mark.parametrize("mode", ["group", "group_mean", "rloo"])
+def test_group_advantages_match_naive(G, mode):
+    g = torch.Generator().manual_seed(G)
+    batch = make_batch([7, 5, 9, 6, 8, 4, 7, 9, 5, 6, 8, 7][: 3 * G], seed=G)
+    batch["rewards"] = torch.randn(3 * G, generator=g)
+    batch["loss_mask"][0, 4] = 0  # a hole in the mask
+    cfg = PPOActorConfig(path="x", group_size=G, adv_norm=mode, reward_clip=100.0)
+    adv = estimate_advantages(batch, cfg)["advantages"]
+    torch.testing.assert_close(adv, _naive_grpo(batch["rewards"], batch["loss_mask"], G, mode), atol=1e-5, rtol=1e-5)
+
+
+def test_reward_shaping_and_overlong_penalty():
+    batch = make_batch([10, 10], prompt_len=2, seed=7)  # 8 generated tokens each
+    batch["loss_mask"][1, 6:] = 0  # second response: 4 generated tokens
+    batch["rewards"] = torch.tensor([3.0, -1.0])
+    cfg = PPOActorConfig(path="x", group_size=1, adv_norm="none", reward_bias=-0.5, reward_scaling=2.0, reward_clip=4.0,
+                         max_new_tokens=8, overlong_tokens=4, overlong_penalty_factor=1.0)  # fmt: skip
+    adv = estimate_advantages(batch, cfg)["advantages"]
+    # row 0: clip((3-0.5)*2)=4, 8 tokens = budget -> penalty 1 ; row 1: (-1.5)*2=-3, 4 tokens -> no penalty
+    assert torch.allclose(adv[0][batch["loss_mask"][0].bool()], torch.tensor(3.0))
+    assert torch.allclose(adv[1][batch["loss_mask"][1].bool()], torch.tensor(-3.0))
+
+
+def test_gae_with_values_and_kl_in_reward_matches_naive():
+    batch = make_batch([9, 7, 8], prompt_len=3, seed=8)
+    g = torch.Generator().manual_seed(8)
+    batch["values"] = torch.randn(3, 9, generator=g) * batch["attention_mask"]
+    batch["ref_logp"] = batch["logprobs"] + 0.1 * torch.randn(3, 9, generator=g) * batch["loss_mask"]
+    cfg = PPOActorConfig(path="x", group_size=1, adv_norm="none", kl_ctl=0.5, kl_in_reward=True, kl_estimator="k1",
+                         gamma=0.9, lam=0.8, reward_clip=100.0)  # fmt: skip
+    out = estimate_advantages(batch, cfg)
+    for b in range(3):
+        toks = [t for t in range(9) if batch["loss_mask"][b, t]]
+        last, nxt_v, nxt_a = toks[-1], 0.0, 0.0
+        for t in reversed(toks):
+            r = -0.5 * (batch["logprobs"][b, t] - batch["ref_logp"][b, t]).item()
+            r += batch["rewards"][b].item() if t == last else 0.0
+            v = batch["values"][b, t].item()
+            nxt_a = r + 0.9 * nxt_v - v + 0.9 * 0.8 * nxt_a
+            nxt_v = v
+            assert abs(out["advantages"][b, t].item() - nxt_a) < 1e-5
+            assert abs(out["returns"][b, t].item() - (nxt_a + v)) < 1e-5
+
+
+def test_batch_whitening_modes():
+    batch = make_batch([9, 7, 8, 6], seed=9)
+    batch["rewards"] = torch.tensor([1.0, 0.0, 3.0, 1.0])
+    cfg = PPOActorConfig(path="x", group_size=2, adv_norm="group_baseline_batch")
+    adv = estimate_advantages(batch, cfg)["advantages"]
+    sel = adv[batch["loss_mask"].bool()]
+    assert abs(sel.mean().item()) < 1e-5 and abs(sel.std(unbiased=False).item() - 1) < 1e-4
+
+
+def test_ppo_update_raises_advantaged_logprobs(actor):
+    batch = make_batch([9, 7, 8, 6], seed=10)
+    batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    batch["logprobs"] = actor.compute_logp(batch)
+    actor.compute_advantages(batch)
+    before = actor.compute_logp(batch)
+    stats = actor.ppo_update(batch)
+    after = actor.compute_logp(batch)
+    assert len(stats) == 1 and stats[0]["logprob_mismatch"] < 1e-5 and abs(stats[0]["behav_imp_weight"] - 1) < 1e-5
+    mask = batch["loss_mask"].bool()
+    delta = ((after - before) * mask).sum(-1) / mask.sum(-1)
+    assert delta[0] > 0 and delta[3] > 0 and delta[1] < 0 and delta[2] < 0
+
+
+def test_ppo_update_errors_name_the_fix(actor):
+    batch = make_batch([6, 6], seed=11)
+    with pytest.raises(KeyError, match="compute_advantages"):
+        actor.ppo_update(batch)
+    with pytest.raises(ConfigError, match="recompute_logprob"):
+        PPOActorConfig(use_decoupled_loss=True, recompute_logprob=False)
