@@ -1,0 +1,117 @@
+"""Command line of the built-in server, with `sglang.launch_server`'s flag names.
+
+    python -m arealite.server --model-path DIR [--host 127.0.0.1] [--port 30000] ...
+
+A few SGLang flags that have no meaning here (`--tp-size`, `--mem-fraction-static`, ...)
+are accepted and ignored, so a launcher can build one command line for either server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig
+
+from arealite.server.model_runner import DTYPES, ModelRunner
+from arealite.server.scheduler import Scheduler, SchedulerLimits
+from arealite.server.state import ServerState
+
+# SGLang flags accepted for command-line compatibility; they do not change this server.
+IGNORED_VALUE_FLAGS = ("--tp-size", "--tensor-parallel-size", "--dp-size", "--mem-fraction-static", "--load-format", "--attention-backend", "--sampling-backend", "--chunked-prefill-size", "--stream-interval", "--schedule-policy", "--cuda-graph-max-bs")
+IGNORED_BOOL_FLAGS = ("--disable-radix-cache", "--trust-remote-code", "--skip-tokenizer-init-ignored", "--enable-metrics", "--disable-cuda-graph", "--log-requests", "--enable-memory-saver", "--allow-auto-truncate-ignored")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m arealite.server", description="Built-in SGLang-protocol inference server (transformers).")
+    p.add_argument("--model-path", required=True, help="HF model directory")
+    p.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="auto", choices=sorted(DTYPES))
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--context-length", type=int, default=None, help="defaults to the model's max_position_embeddings")
+    p.add_argument("--random-seed", type=int, default=None, help="seeds sampling; defaults to 0 for reproducible runs")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health*")
+    p.add_argument("--max-running-requests", type=int, default=64)
+    p.add_argument("--max-total-tokens", type=int, default=None, help="budget of prompt + max_new_tokens over running requests")
+    p.add_argument("--max-prefill-tokens", type=int, default=16384, help="padded tokens in one prefill forward")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--weight-version", default="default")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    p.add_argument("--skip-server-warmup", action="store_true")
+    p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (arealite only)")
+    for flag in IGNORED_VALUE_FLAGS:
+        p.add_argument(flag, default=None, help=argparse.SUPPRESS)
+    for flag in IGNORED_BOOL_FLAGS:
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def eos_token_ids(model_path: str, tokenizer, config) -> set[int]:
+    """Every EOS id the model declares: config, generation config and tokenizer."""
+    ids: set[int] = set()
+    sources = [getattr(config, "eos_token_id", None), tokenizer.eos_token_id]
+    try:
+        sources.append(GenerationConfig.from_pretrained(model_path).eos_token_id)
+    except OSError:
+        pass
+    for value in sources:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return ids
+
+
+def build_state(args: argparse.Namespace) -> ServerState:
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    runner = ModelRunner(args.model_path, args.dtype, device)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
+    model_max = int(getattr(runner.config, "max_position_embeddings", 0) or 4096)
+    context_len = args.context_length or model_max
+    if context_len > model_max:
+        logging.getLogger("arealite.server").warning("--context-length %d exceeds max_position_embeddings %d", context_len, model_max)
+    max_total = args.max_total_tokens or args.max_running_requests * context_len
+    limits = SchedulerLimits(args.max_running_requests, max_total, args.max_prefill_tokens)
+    scheduler = Scheduler(runner, tokenizer, eos_token_ids(args.model_path, tokenizer, runner.config), limits, args.weight_version)
+    seed = 0 if args.random_seed is None else args.random_seed
+    return ServerState(
+        args=args,
+        runner=runner,
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        context_len=context_len,
+        model_path=args.model_path,
+        served_model_name=args.served_model_name or args.model_path,
+        weight_version=args.weight_version,
+        seed_source=torch.Generator().manual_seed(seed),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    from arealite.server.app import serve
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s %(name)s %(levelname)s] %(message)s")
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    state = build_state(args)
+    state.scheduler.start()
+
+    async def run() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        await serve(state, args.host, args.port, args.skip_server_warmup)
+
+    try:
+        asyncio.run(run())
+    except asyncio.CancelledError:
+        pass

@@ -1,0 +1,159 @@
+"""Sampling parameters (SGLang's `sampling_params`, 0.5.23 semantics) and the batched sampler.
+
+Logprobs follow DESIGN §3: log_softmax(logits / temperature) at the chosen token, after the
+frequency/presence/repetition penalties and the min_new_tokens stop-token mask, but BEFORE
+top-k/top-p/min-p truncation, so a trainer recomputing log_softmax(logits / T) at the same
+weights gets the same numbers. Greedy (temperature < 1e-6) is argmax and reports logprobs at
+temperature 1, as SGLang rewrites greedy to temperature=1, top_k=1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import torch
+
+GREEDY_EPS = 1e-6
+TOP_K_ALL = 1 << 30  # SGLang 0.5.16+'s spelling of "whole vocabulary"
+MAX_STOP_STRINGS = 32  # 0.5.23 caps the stop list
+
+
+@dataclass
+class SamplingParams:
+    """Validated per-request sampling parameters (field names and defaults as SGLang 0.5.23)."""
+
+    max_new_tokens: int | None = None  # None: 128, capped at the context left (set by the server)
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = TOP_K_ALL
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    sampling_seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    stream_interval: int | None = None
+    custom_params: dict | None = None
+    # Accepted so SGLang clients don't break; they cannot be honoured here and must stay unset.
+    stop_regex: str | list[str] | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+    @property
+    def needs_penalties(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def verify(self, vocab_size: int) -> None:
+        """Raise ValueError with SGLang's wording for an out-of-range value."""
+        _check(math.isfinite(self.temperature) and self.temperature >= 0, f"temperature must be non-negative, got {self.temperature}.")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}.")
+        _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}.")
+        _check(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
+        _check(-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        _check(-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        _check(0 < self.repetition_penalty <= 2, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+        if self.max_new_tokens is not None:
+            _check(self.max_new_tokens >= 0, f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
+            _check(
+                0 <= self.min_new_tokens <= self.max_new_tokens,
+                f"min_new_tokens must be in [0, max_new_tokens({self.max_new_tokens})], got {self.min_new_tokens}.",
+            )
+        _check(self.min_new_tokens >= 0, f"min_new_tokens must be at least 0, got {self.min_new_tokens}.")
+        _check(self.n >= 1, f"n must be at least 1, got {self.n}.")
+        _check(len(self.stop) <= MAX_STOP_STRINGS, f"stop must have at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}.")
+        _check(all(s for s in self.stop), "stop strings must be non-empty.")
+        for t in self.stop_token_ids:
+            _check(0 <= t < vocab_size, f"stop_token_ids entry {t} is outside the vocabulary [0, {vocab_size}).")
+        for k in self.logit_bias or {}:
+            _check(k.lstrip("-").isdigit() and 0 <= int(k) < vocab_size, f"logit_bias key {k!r} is not a token id in [0, {vocab_size}).")
+        for name in ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag"):
+            _check(getattr(self, name) is None, f"{name} is not supported by the built-in arealite server; remove it.")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+SAMPLING_KEYS = tuple(f.name for f in fields(SamplingParams))
+
+
+@dataclass
+class SampleOutput:
+    """What one sampler step chose, for B rows."""
+
+    tokens: torch.Tensor  # [B] long
+    logprobs: torch.Tensor  # [B] fp32, log_softmax(logits / T) at tokens
+    top_ids: torch.Tensor | None  # [B, K] long, K = max top_logprobs_num in the batch
+    top_logprobs: torch.Tensor | None  # [B, K] fp32
+
+
+def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, params: list[SamplingParams]) -> None:
+    """In place: OpenAI frequency/presence penalties on output-token counts [B, V], and the
+    CTRL repetition penalty on tokens `seen` [B, V] (prompt + output), as SGLang's penalizers."""
+    freq = logits.new_tensor([p.frequency_penalty for p in params])[:, None]
+    pres = logits.new_tensor([p.presence_penalty for p in params])[:, None]
+    rep = logits.new_tensor([p.repetition_penalty for p in params])[:, None]
+    logits -= freq * counts + pres * (counts > 0)
+    penalized = torch.where(logits > 0, logits / rep, logits * rep)
+    logits.copy_(torch.where(seen & (rep != 1.0), penalized, logits))
+
+
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator],
+    top_logprobs_num: int = 0,
+) -> SampleOutput:
+    """Choose one token per row of fp32 `logits` [B, V] (already penalized and masked)."""
+    temps = logits.new_tensor([1.0 if p.greedy else p.temperature for p in params])
+    scaled = logits / temps[:, None]
+    logprobs_all = torch.log_softmax(scaled, dim=-1)  # [B, V]
+    tokens = scaled.argmax(dim=-1)
+    sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled_rows:
+        rows = torch.tensor(sampled_rows, dtype=torch.long)
+        sub = [params[i] for i in sampled_rows]
+        uniforms = torch.cat([torch.rand(1, generator=generators[i]) for i in sampled_rows])
+        tokens[rows] = _sample_truncated(scaled[rows], sub, uniforms.to(scaled.device))
+    chosen = logprobs_all.gather(1, tokens[:, None])[:, 0]
+    top_ids = top_lp = None
+    if top_logprobs_num > 0:
+        top_lp, top_ids = logprobs_all.topk(min(top_logprobs_num, logits.shape[-1]), dim=-1)
+    return SampleOutput(tokens, chosen, top_ids, top_lp)
+
+
+def _sample_truncated(scaled: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF sampling from softmax(scaled) [n, V] after top-k, top-p and min-p truncation."""
+    probs = torch.softmax(scaled, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    top_k = probs.new_tensor([p.top_k if p.top_k > 0 else TOP_K_ALL for p in params])[:, None]
+    top_p = probs.new_tensor([p.top_p for p in params])[:, None]
+    min_p = probs.new_tensor([p.min_p for p in params])[:, None]
+    keep = ranks < top_k
+    # Keep a token while the mass strictly before it is below top_p (the first one always stays).
+    keep &= (sorted_probs.cumsum(-1) - sorted_probs) < top_p
+    keep &= sorted_probs >= min_p * sorted_probs[:, :1]
+    kept = sorted_probs * keep
+    cdf = kept.cumsum(-1)
+    targets = uniforms[:, None] * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, targets, right=True).clamp(max=probs.shape[-1] - 1)
+    # searchsorted can land on a zeroed (truncated) slot only through rounding; step back to a kept one.
+    idx = torch.minimum(idx, keep.sum(-1, keepdim=True) - 1)
+    return order.gather(1, idx)[:, 0]

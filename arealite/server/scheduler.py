@@ -1,0 +1,287 @@
+"""Continuous batching: a thread that prefills newcomers and decodes the running batch.
+
+Each loop iteration (1) applies queued commands (submit, abort, pause, resume), (2) admits
+waiting requests while `max_running_requests` and the token budget allow and prefills them
+in one forward, then (3) runs one decode step for every running row. Finished rows leave
+the KV batch right away, so new requests join between decode steps. Every sampled token is
+tagged with the weight version that produced it.
+
+Pause modes (SGLang 0.5.6+): `in_place` stops stepping and keeps the KV cache; `retract`
+moves running requests back to the front of the queue and drops their KV — on resume they
+are prefilled again from prompt + output so far. `abort` mode is the app's job: it calls
+`abort(abort_all=True)` and waits for every request to be answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from arealite.server.model_runner import KVBatch, ModelRunner
+from arealite.server.request import ABORT_RUNNING, ABORT_WAITING, Req
+from arealite.server.sampling import apply_penalties, sample
+
+logger = logging.getLogger("arealite.server")
+
+
+@dataclass
+class SchedulerLimits:
+    max_running_requests: int = 64
+    max_total_tokens: int = 1 << 20  # sum of prompt + max_new_tokens over running requests
+    max_prefill_tokens: int = 16384  # padded tokens in one prefill forward
+
+
+class Scheduler:
+    """Owns the running batch; every public method is thread-safe (it only enqueues)."""
+
+    def __init__(self, runner: ModelRunner, tokenizer, eos_ids: set[int], limits: SchedulerLimits, weight_version: str):
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.limits = limits
+        self.weight_version = weight_version
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.kv: KVBatch | None = None
+        self.paused = False
+        self.last_beat = time.monotonic()
+        self.decode_steps = 0
+        self._commands: queue.Queue = queue.Queue()
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="arealite-scheduler", daemon=True)
+
+    # ---- thread-safe API -------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._commands.put(("stop",))
+        self._thread.join(timeout=10)
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, req: Req) -> None:
+        self._commands.put(("submit", req))
+
+    def abort(self, rid: str = "", abort_all: bool = False) -> None:
+        self._commands.put(("abort", rid, abort_all))
+
+    def pause(self, mode: str) -> None:
+        self._commands.put(("pause", mode))
+
+    def resume(self) -> None:
+        self._commands.put(("resume",))
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- scheduler thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop:
+            idle = self.paused or not (self.waiting or self.running)
+            self._apply_commands(block=idle)
+            self.last_beat = time.monotonic()
+            if self._stop or self.paused:
+                continue
+            try:
+                self._admit()
+                if self.running:
+                    self._decode_step()
+            except Exception:  # a failed forward must not leave clients hanging forever
+                logger.exception("scheduler step failed; aborting the running batch")
+                for req in self.running:
+                    req.finish({"type": "abort", "message": "Internal error in the model step", "status_code": 500, "err_type": "InternalServerError"})
+                self.running, self.kv = [], None
+        for req in list(self.waiting) + self.running:
+            req.finish(ABORT_WAITING if not req.started else ABORT_RUNNING)
+
+    def _apply_commands(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "submit":
+            self.waiting.append(cmd[1])
+        elif kind == "abort":
+            self._abort(cmd[1], cmd[2])
+        elif kind == "pause":
+            self.paused = True
+            if cmd[1] == "retract":
+                self._retract_all()
+        elif kind == "resume":
+            self.paused = False
+        elif kind == "stop":
+            self._stop = True
+
+    def _abort(self, rid: str, abort_all: bool) -> None:
+        keep_waiting = deque()
+        for req in self.waiting:
+            if abort_all or req.rid == rid:
+                req.finish(ABORT_WAITING)
+            else:
+                keep_waiting.append(req)
+        self.waiting = keep_waiting
+        gone = [i for i, r in enumerate(self.running) if abort_all or r.rid == rid]
+        for i in gone:
+            self.running[i].finish(ABORT_RUNNING)
+        self._drop_rows(set(gone))
+
+    def _retract_all(self) -> None:
+        for req in reversed(self.running):
+            req.num_retractions += 1
+            self.waiting.appendleft(req)
+        self.running, self.kv = [], None
+
+    def _drop_rows(self, rows: set[int]) -> None:
+        if not rows:
+            return
+        keep = [i for i in range(len(self.running)) if i not in rows]
+        self.running = [self.running[i] for i in keep]
+        if not self.running:
+            self.kv = None
+        else:
+            self.kv.select(keep)
+
+    def _reserved(self, req: Req) -> int:
+        return len(req.prompt) + req.max_new_tokens
+
+    def _admit(self) -> None:
+        """Move waiting requests into the batch (FIFO) and prefill them together."""
+        batch: list[Req] = []
+        reserved = sum(self._reserved(r) for r in self.running)
+        longest = 0
+        while self.waiting and len(self.running) + len(batch) < self.limits.max_running_requests:
+            req = self.waiting[0]
+            longest_if = max(longest, len(req.tokens))
+            over_budget = reserved + self._reserved(req) > self.limits.max_total_tokens
+            over_prefill = longest_if * (len(batch) + 1) > self.limits.max_prefill_tokens
+            if (batch or self.running) and (over_budget or over_prefill):
+                break
+            batch.append(self.waiting.popleft())
+            reserved += self._reserved(req)
+            longest = longest_if
+        for req in [r for r in batch if r.max_new_tokens == 0]:
+            req.started = True
+            req.finish({"type": "length", "length": 0})
+        batch = [r for r in batch if r.max_new_tokens > 0]
+        if not batch:
+            return
+        want_input = [r for r in batch if r.logprob_start_len >= 0 and not r.started]
+        logits, kv = self.runner.prefill([r.tokens for r in batch], all_logits=bool(want_input))
+        if want_input:
+            self._input_logprobs(batch, logits)
+            logits = logits[:, -1]
+        for r in batch:
+            r.started = True
+        finished = self._sample_and_advance(batch, logits)
+        survivors = [i for i in range(len(batch)) if i not in finished]
+        if not survivors:
+            return
+        kv.select(survivors)
+        batch = [batch[i] for i in survivors]
+        if self.kv is None:
+            self.kv, self.running = kv, batch
+        else:
+            self.kv.merge(kv)
+            self.running.extend(batch)
+
+    def _input_logprobs(self, batch: list[Req], logits: torch.Tensor) -> None:
+        """Prompt logprobs from position `logprob_start_len` on; the first entry is None (SGLang)."""
+        length = logits.shape[1]
+        for i, req in enumerate(batch):
+            if req.logprob_start_len < 0 or req.input_logprobs:
+                continue
+            n = len(req.prompt)
+            offset = length - n  # left padding
+            temp = 1.0 if req.params.greedy else req.params.temperature
+            lp = torch.log_softmax(logits[i, offset : offset + n - 1] / temp, dim=-1)
+            values = lp.gather(1, torch.tensor(req.prompt[1:])[:, None])[:, 0].tolist()
+            req.input_logprobs = ([None] + values)[req.logprob_start_len :]
+
+    def _decode_step(self) -> None:
+        tokens = torch.tensor([r.output_ids[-1] for r in self.running], dtype=torch.long)
+        logits = self.runner.decode(self.kv, tokens)
+        self.decode_steps += 1
+        finished = self._sample_and_advance(self.running, logits)
+        self._drop_rows(finished)
+
+    def _stop_ids(self, req: Req) -> list[int]:
+        ids = list(req.params.stop_token_ids)
+        return ids if req.params.ignore_eos else ids + sorted(self.eos_ids)
+
+    def _mask_logits(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        """Penalties, logit bias and the min_new_tokens ban on stop tokens, in place."""
+        vocab = logits.shape[-1]
+        for i, req in enumerate(reqs):
+            p = req.params
+            if p.needs_penalties:
+                if req.counts is None:
+                    req.counts = torch.zeros(vocab)
+                    req.counts.index_add_(0, torch.tensor(req.output_ids, dtype=torch.long), torch.ones(len(req.output_ids)))
+                    req.seen = torch.zeros(vocab, dtype=torch.bool)
+                    req.seen[torch.tensor(req.tokens, dtype=torch.long)] = True
+                apply_penalties(logits[i : i + 1], req.counts[None], req.seen[None], [p])
+            if p.logit_bias:
+                for tok, bias in p.logit_bias.items():
+                    logits[i, int(tok)] += bias
+            if len(req.output_ids) < p.min_new_tokens:
+                logits[i, self._stop_ids(req)] = float("-inf")
+
+    def _sample_and_advance(self, reqs: list[Req], logits: torch.Tensor) -> set[int]:
+        """Sample one token per row, record it, and return the rows that finished."""
+        self._mask_logits(reqs, logits)
+        k = max(r.top_logprobs_num for r in reqs)
+        out = sample(logits, [r.params for r in reqs], [r.generator for r in reqs], k)
+        tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
+        tops = (out.top_logprobs.tolist(), out.top_ids.tolist()) if k else None
+        finished = set()
+        for i, req in enumerate(reqs):
+            token = tokens[i]
+            req.output_ids.append(token)
+            req.output_logprobs.append(logprobs[i])
+            req.output_versions.append(self.weight_version)
+            if req.top_logprobs_num:
+                n = req.top_logprobs_num
+                req.output_top.append(list(zip(tops[0][i][:n], tops[1][i][:n])))
+            if req.counts is not None:
+                req.counts[token] += 1
+                req.seen[token] = True
+            reason = self._finish_reason(req, token)
+            if reason is not None:
+                finished.add(i)
+                req.finish(reason)
+            elif req.stream:
+                req.emit(False)
+        return finished
+
+    def _finish_reason(self, req: Req, token: int) -> dict | None:
+        """SGLang's check order: length, then stop token, then stop string."""
+        if len(req.output_ids) >= req.max_new_tokens:
+            return {"type": "length", "length": req.max_new_tokens}
+        if len(req.output_ids) <= req.params.min_new_tokens - 1:
+            return None
+        if token in req.params.stop_token_ids or (not req.params.ignore_eos and token in self.eos_ids):
+            return {"type": "stop", "matched": token}
+        if req.params.stop:
+            text = self.tokenizer.decode(req.output_ids, skip_special_tokens=req.params.skip_special_tokens)
+            for s in req.params.stop:
+                if s in text:
+                    return {"type": "stop", "matched": s}
+        return None

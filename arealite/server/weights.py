@@ -1,0 +1,210 @@
+"""Weight updates: from disk, and over torch.distributed from a trainer (SGLANG_PROTOCOL.md §3).
+
+Distributed: `/init_weights_update_group` joins a stand-alone group as rank `rank_offset`
+(`arealite.utils.process_group`; the trainer's rank 0 hosts the store and is the broadcast
+source). Each `/update_weights_from_distributed` call receives its tensors in the listed
+order and copies them into the parameters of the same HF names. Receives run in a worker
+thread so the event loop keeps serving; each copy holds the model lock, so no forward sees
+a half-copied tensor. Unlike SGLang (which asserts and may crash its scheduler), a missing
+group is a clean 400.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from aiohttp import web
+
+from arealite.server.errors import BadBody, bad_body_response, error_response, json_response, read_json_object
+from arealite.server.model_runner import load_model
+from arealite.server.state import ServerState
+from arealite.utils.process_group import broadcast, init_custom_process_group, release_store
+
+logger = logging.getLogger("arealite.server")
+NOT_FLUSHED = (
+    " Weights were updated, but the cache was not flushed because requests are still running or queued."
+    " Send flush_cache=false while paused with in_place or retract."
+)
+
+
+def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return dict(model.state_dict(keep_vars=False))
+
+
+def copy_into(state: ServerState, named: dict[str, torch.Tensor]) -> None:
+    """Copy tensors into the model by HF name, under the model lock; unknown names raise."""
+    params = _named_tensors(state.runner.model)
+    for name, tensor in named.items():
+        if name not in params:
+            raise KeyError(f"parameter {name!r} does not exist in the served model")
+        if tuple(params[name].shape) != tuple(tensor.shape):
+            raise ValueError(f"parameter {name!r} has shape {tuple(params[name].shape)}, got {tuple(tensor.shape)}")
+    with state.runner.lock, torch.no_grad():
+        for name, tensor in named.items():
+            params[name].copy_(tensor.to(params[name].dtype))
+
+
+def load_from_disk(state: ServerState, model_path: str) -> None:
+    """Load a checkpoint and copy it in; on any failure the served weights stay untouched."""
+    try:
+        model = load_model(model_path, state.runner.dtype, "cpu")
+    except Exception as e:
+        raise RuntimeError(f"Failed to get weights iterator: {e}") from e
+    new = _named_tensors(model)
+    old = _named_tensors(state.runner.model)
+    if set(new) != set(old):
+        raise RuntimeError(f"Failed to update weights: parameter names differ from the served model ({sorted(set(new) ^ set(old))[:5]}).\nRolling back to original weights.")
+    try:
+        copy_into(state, new)
+    except ValueError as e:
+        raise RuntimeError(f"Failed to update weights: {e}.\nRolling back to original weights.") from e
+
+
+async def _begin_update(state: ServerState, body: dict) -> bool:
+    """Abort if asked, then take the update slot (skipped while paused). Returns whether taken."""
+    if body.get("abort_all_requests", False):
+        state.scheduler.abort(abort_all=True)
+    return await state.gate.acquire_update()
+
+
+def _success_message(state: ServerState, base: str, body: dict) -> str:
+    version = body.get("weight_version")
+    if version is None:
+        return base
+    state.set_weight_version(str(version))
+    return f"{base} Weight version updated to {version}."
+
+
+def _flush_refused(state: ServerState, body: dict) -> bool:
+    return bool(body.get("flush_cache", True)) and state.scheduler.num_requests > 0
+
+
+async def handle_update_from_disk(request: web.Request) -> web.Response:
+    state: ServerState = request.app["state"]
+    try:
+        body = await read_json_object(request)
+    except BadBody as e:
+        return error_response(e)
+    model_path = body.get("model_path")
+    if not isinstance(model_path, str) or not model_path:
+        return bad_body_response("1 validation error: model_path Field required (a checkpoint directory)")
+    taken = await _begin_update(state, body)
+    try:
+        await state.run_blocking(load_from_disk, state, model_path)
+    except Exception as e:
+        logger.warning("update_weights_from_disk failed: %s", e)
+        return json_response({"success": False, "message": str(e), "num_paused_requests": 0}, status=400)
+    finally:
+        if taken:
+            await state.gate.release_update()
+    state.model_path = state.served_model_name = model_path
+    message = _success_message(state, "Succeeded to update model weights.", body)
+    if _flush_refused(state, body):
+        return json_response({"success": False, "message": message + NOT_FLUSHED, "num_paused_requests": 0}, status=400)
+    return json_response({"success": True, "message": message, "num_paused_requests": 0})
+
+
+async def handle_init_group(request: web.Request) -> web.Response:
+    state: ServerState = request.app["state"]
+    groups: dict = request.app["weight_groups"]
+    try:
+        body = await read_json_object(request)
+        address = body["master_address"]
+        port = int(body["master_port"])  # AReaL sends it as a numeric string
+        rank = int(body["rank_offset"])
+        world_size = int(body["world_size"])
+    except BadBody as e:
+        return error_response(e)
+    except (KeyError, TypeError, ValueError) as e:
+        return bad_body_response(f"1 validation error: master_address, master_port, rank_offset and world_size are required integers where numeric ({e})")
+    group_name = body.get("group_name", "weight_update_group")
+    backend = body.get("backend", "nccl")
+    if group_name in groups:
+        return json_response({"success": False, "message": f"Failed to initialize custom process group: group {group_name!r} already exists; destroy it first."}, status=400)
+    try:
+        pg = await state.run_blocking(init_custom_process_group, backend, address, port, rank, world_size, group_name)
+    except Exception as e:
+        return json_response({"success": False, "message": f"Failed to initialize custom process group: {e}"}, status=400)
+    groups[group_name] = pg
+    return json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+
+
+def _parse_specs(body: dict) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
+        raise BadBody("1 validation error: names, dtypes and shapes must be lists")
+    if not len(names) == len(dtypes) == len(shapes):
+        raise BadBody(f"names ({len(names)}), dtypes ({len(dtypes)}) and shapes ({len(shapes)}) must have the same length")
+    specs = []
+    for name, dtype, shape in zip(names, dtypes, shapes):
+        torch_dtype = getattr(torch, str(dtype).removeprefix("torch."), None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise BadBody(f"dtype {dtype!r} of {name!r} is not a torch dtype name such as 'float32'")
+        specs.append((str(name), torch_dtype, tuple(int(s) for s in shape)))
+    return specs
+
+
+def receive_and_load(state: ServerState, pg, specs: list) -> None:
+    """Receive every tensor (broadcast from rank 0) in order, then copy them in."""
+    received = {}
+    for name, dtype, shape in specs:
+        tensor = torch.empty(shape, dtype=dtype)
+        broadcast(pg, tensor, src=0)
+        received[name] = tensor
+    copy_into(state, received)
+
+
+async def handle_update_from_distributed(request: web.Request) -> web.Response:
+    state: ServerState = request.app["state"]
+    groups: dict = request.app["weight_groups"]
+    try:
+        body = await read_json_object(request)
+        specs = _parse_specs(body)
+    except BadBody as e:
+        return error_response(e)
+    group_name = body.get("group_name", "weight_update_group")
+    if group_name not in groups:
+        message = f"Group {group_name} not in {sorted(groups)}. Please call init_weights_update_group first."
+        return json_response({"success": False, "message": message}, status=400)
+    taken = await _begin_update(state, body)
+    try:
+        await state.run_blocking(receive_and_load, state, groups[group_name], specs)
+    except Exception as e:
+        message = f"Failed to update parameter online: {e}. The full weights of the ModelRunner are partially updated. Please discard the whole weights."
+        return json_response({"success": False, "message": message}, status=400)
+    finally:
+        if taken:
+            await state.gate.release_update()
+    message = _success_message(state, "Succeeded to update parameter online.", body)
+    if _flush_refused(state, body):
+        return json_response({"success": False, "message": message + NOT_FLUSHED}, status=400)
+    return json_response({"success": True, "message": message})
+
+
+async def handle_destroy_group(request: web.Request) -> web.Response:
+    groups: dict = request.app["weight_groups"]
+    try:
+        body = await read_json_object(request)
+    except BadBody as e:
+        return error_response(e)
+    group_name = body.get("group_name", "weight_update_group")
+    if group_name not in groups:
+        return json_response({"success": False, "message": "The group to be destroyed does not exist."}, status=400)
+    del groups[group_name]
+    release_store(group_name)
+    return json_response({"success": True, "message": "Succeeded to destroy custom process group."})
+
+
+async def handle_update_weight_version(request: web.Request) -> web.Response:
+    state: ServerState = request.app["state"]
+    try:
+        body = await read_json_object(request)
+    except BadBody as e:
+        return error_response(e)
+    if not isinstance(body.get("new_version"), str):
+        return bad_body_response("1 validation error: new_version Field required (a string)")
+    if body.get("abort_all_requests", True):
+        state.scheduler.abort(abort_all=True)
+    state.set_weight_version(body["new_version"])
+    return json_response({"success": True, "message": f"Weight version updated to {body['new_version']}", "new_version": body["new_version"]})
