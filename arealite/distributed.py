@@ -26,14 +26,18 @@ def default_backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(backend: str | None = None, timeout: float = 1800.0) -> None:
-    """Join torchrun's job, or start a single-process world; a no-op when already initialized.
+def init_distributed(backend: str | None = None, timeout: float = 1800.0) -> tuple[int, int]:
+    """Join torchrun's job, or start a single-process world; returns (rank, world_size).
 
-    `backend` defaults to `default_backend()`. On CUDA the current device is set to
-    LOCAL_RANK before the group is created.
+    A no-op when already initialized. `backend` defaults to `default_backend()`. On CUDA
+    the current device is set to LOCAL_RANK before the group is created.
     """
-    if dist.is_initialized():
-        return
+    if not dist.is_initialized():
+        _init(backend, timeout)
+    return rank(), world_size()
+
+
+def _init(backend: str | None, timeout: float) -> None:
     backend = backend or default_backend()
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())

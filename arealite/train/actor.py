@@ -26,7 +26,10 @@ from arealite.train.logprobs import packed_token_logprobs
 
 
 class PPOActor(FSDPEngine):
-    """FSDPEngine plus the PPO/GRPO verbs. `total_train_steps` counts training steps."""
+    """FSDPEngine plus the PPO/GRPO verbs. `total_train_steps` counts training steps.
+
+    Construct, then `initialize()` (collective) before use.
+    """
 
     def __init__(self, config: PPOActorConfig, total_train_steps: int | None = None, build_model=load_causal_lm):
         optimizer_steps = None if total_train_steps is None else total_train_steps * config.ppo_n_minibatches

@@ -63,8 +63,10 @@ def _attn_implementation() -> str:
 class FSDPEngine:
     """A sharded model, its optimizer and micro-batched forward/backward. Collective API.
 
-    `total_train_steps` counts optimizer steps; it is needed by warmup and decaying lr
-    schedules. `build_model(path, attn_implementation)` lets a critic swap in a value head.
+    Construction only validates; `initialize()` joins the process group, loads and shards the
+    model and builds the optimizer. `total_train_steps` counts optimizer steps (needed by
+    warmup and decaying lr schedules). `build_model(path, attn_implementation)` lets a
+    critic swap in a value head.
     """
 
     def __init__(
@@ -75,26 +77,58 @@ class FSDPEngine:
     ) -> None:
         if not config.path:
             raise ValueError("TrainEngineConfig.path is empty; set it to an HF model folder (e.g. actor.path=...)")
-        dist_utils.init_distributed()
         self.config = config
+        self.total_train_steps = total_train_steps
+        self._build_model = build_model
+        self._model: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler = None
+        self.weight_update_groups: dict[str, Any] = {}  # group name -> process group (rank 0 only)
+        self.version = 0  # weight version of the current parameters; set by the weight sync
+
+    def initialize(self) -> "FSDPEngine":
+        """Join the process group, load and shard the model, build AdamW; collective. Returns self."""
+        if self._model is not None:
+            return self
+        dist_utils.init_distributed()
+        config = self.config
         self.device = dist_utils.device()
         self.compute_dtype = self._compute_dtype(config.dtype)
-        model = build_model(config.path, _attn_implementation())
+        model = self._build_model(config.path, _attn_implementation())
         self.hf_config = model.config
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.model = self._shard(model)
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.scheduler = None
+        self._model = self._shard(model)
         if config.optimizer is not None:
             opt = config.optimizer
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                self._model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
                 weight_decay=opt.weight_decay,
             )  # fmt: skip
-            self.scheduler = build_scheduler(self.optimizer, opt, total_train_steps)
-        self.weight_update_groups: dict[str, Any] = {}  # group name -> process group (rank 0)
-        self.version = 0  # weight version; bumped by the caller after each upload
+            self.scheduler = build_scheduler(self.optimizer, opt, self.total_train_steps)
+        return self
+
+    @property
+    def model(self) -> torch.nn.Module:
+        if self._model is None:
+            raise RuntimeError(f"{type(self).__name__} is not initialized; call .initialize() first")
+        return self._model
+
+    def set_version(self, version: int) -> None:
+        """Record the weight version the servers now hold (called by the weight sync)."""
+        self.version = version
+
+    def get_version(self) -> int:
+        return self.version
+
+    def destroy(self) -> None:
+        """Drop the model, optimizer and weight-update groups (the default group stays up)."""
+        for name in list(self.weight_update_groups):
+            from arealite.utils.process_group import release_store
+
+            del self.weight_update_groups[name]
+            release_store(name)
+        self._model = self.optimizer = self.scheduler = None
 
     # ---- setup ----
 
@@ -245,7 +279,7 @@ class FSDPEngine:
             return
         from arealite.utils.process_group import init_custom_process_group
 
-        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        backend = backend or getattr(meta, "backend", None) or ("nccl" if self.device.type == "cuda" else "gloo")
         self.weight_update_groups[meta.group_name] = init_custom_process_group(
             backend, meta.master_address, meta.master_port, 0, world_size, meta.group_name
         )

@@ -18,7 +18,7 @@ torch.set_num_threads(2)
 def actor(tiny_model_dir) -> PPOActor:
     cfg = PPOActorConfig(path=tiny_model_dir, group_size=2, optimizer=OptimizerConfig(lr=1e-3),
                          mb_spec=MicroBatchSpec(n_mbs=2))  # fmt: skip
-    return PPOActor(cfg)
+    return PPOActor(cfg).initialize()
 
 
 def test_compute_logp_is_token_aligned(actor, tiny_model_dir):

@@ -21,7 +21,7 @@ torch.set_num_threads(2)
 
 def _engine(path: str, **mb) -> FSDPEngine:
     cfg = TrainEngineConfig(path=path, optimizer=OptimizerConfig(lr=1e-3), mb_spec=MicroBatchSpec(**mb))
-    return FSDPEngine(cfg)
+    return FSDPEngine(cfg).initialize()
 
 
 def _logp_loss(logits, mb):
