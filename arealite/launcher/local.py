@@ -20,7 +20,7 @@ import time
 from arealite.config import ConfigError, GRPOConfig, save_config
 from arealite.launcher import ports
 from arealite.launcher.launch_args import LaunchArgs, parse_launch_args
-from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, stop_all, tail
+from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, stop_all
 from arealite.launcher.server_cmd import resolve_backend, server_command, visible_gpus
 from arealite.launcher.signals import Interrupted, raising_on_signals, signals_ignored
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
@@ -84,19 +84,6 @@ class LocalRun:
     def _record(self, name: str, pid: int, addr: str) -> None:
         record_process(self.run_dir, name, pid, addr)
 
-    def run_setup_commands(self) -> None:
-        """`launcher.setup_commands`, in order, once, before any server starts."""
-        for i, command in enumerate(self.config.launcher.setup_commands):
-            proc = ManagedProcess(f"setup-{i}", ["bash", "-c", command], os.path.join(self.log_dir, "setup.log"))
-            proc.start()
-            assert proc.proc is not None
-            code = proc.proc.wait()
-            if code != 0:
-                raise LaunchError(
-                    f"setup command {command!r} failed: it {describe_exit(code)}\n"
-                    f"--- last lines of {proc.log_path} ---\n{tail(proc.log_path)}"
-                )
-
     def start_servers(self, backend: str, gpus: list[list[str]] | None) -> None:
         launcher = self.config.launcher
         for i, port in enumerate(ports.free_ports(launcher.n_servers, HOST)):
@@ -154,7 +141,7 @@ class LocalRun:
         backend = resolve_backend(self.config.server)
         gpus = allocate_gpus(self.config, backend)
         try:
-            self.run_setup_commands()
+            run_setup_commands(self.config.launcher.setup_commands, self.log_dir)
             self.start_servers(backend, gpus[0] if gpus else None)
             self.start_trainer(gpus[1] if gpus else None)
             return self.supervise()

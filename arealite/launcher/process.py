@@ -19,6 +19,10 @@ import time
 _PR_SET_PDEATHSIG = 1
 
 
+class LaunchError(RuntimeError):
+    """A process of the run failed; the message names it and says why."""
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if sys.platform.startswith("linux"):
         try:
@@ -159,6 +163,20 @@ def _copy_lines(pipe, log) -> None:
             except (ValueError, OSError):
                 pass  # our stdout is gone; keep the log complete
         pipe.close()
+
+
+def run_setup_commands(commands: list[str], log_dir: str) -> None:
+    """Run shell `commands` in order (output to `<log_dir>/setup.log`); LaunchError naming a failing one."""
+    for i, command in enumerate(commands):
+        proc = ManagedProcess(f"setup-{i}", ["bash", "-c", command], os.path.join(log_dir, "setup.log"))
+        proc.start()
+        assert proc.proc is not None
+        code = proc.proc.wait()
+        if code != 0:
+            raise LaunchError(
+                f"setup command {command!r} failed: it {describe_exit(code)}\n"
+                f"--- last lines of {proc.log_path} ---\n{tail(proc.log_path)}"
+            )
 
 
 def exit_status(returncode: int) -> int:

@@ -16,11 +16,7 @@ import time
 from collections.abc import Callable
 
 from arealite.launcher import health, ports
-from arealite.launcher.process import ManagedProcess, describe_exit, tail
-
-
-class LaunchError(RuntimeError):
-    """A process of the run failed; the message names it and says why."""
+from arealite.launcher.process import LaunchError, ManagedProcess, describe_exit, tail
 
 
 def log(msg: str) -> None:

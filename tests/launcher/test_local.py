@@ -1,0 +1,101 @@
+"""The local launcher end to end: built-in servers on the tiny model, trainers under torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from arealite.config import GRPOConfig, load_config
+from arealite.launcher.local import main
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _kill_first_server(run) -> int:
+    pid = next(p["pid"] for p in run.processes() if p["name"] == "server-0")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def _trainers_started(run, n: int):
+    return lambda: (run.run_dir / "trainer-pids").is_dir() and len(os.listdir(run.run_dir / "trainer-pids")) >= n
+
+
+def test_two_servers_two_trainers(launch, tiny_model_dir):
+    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_servers=2", "launcher.n_trainers=2"])
+    code, out, err = run.finish()
+    assert code == 0, err
+    ranks = [json.loads((run.run_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world_size"], r["local_rank"]) for r in ranks] == [(0, 2, 0), (1, 2, 1)]
+    addrs = ranks[0]["addrs"]
+    assert len(set(addrs)) == 2 and all(a.startswith("127.0.0.1:") for a in addrs)
+    assert all(len(o) == 2 for o in ranks[0]["outputs"])  # max_new_tokens=2 from each server
+    for name in ("server-0.log", "server-1.log", "trainer.log"):
+        assert (run.run_dir / "logs" / name).stat().st_size > 0
+    assert "rank 1/2 talked to 2 server(s)" in (run.run_dir / "logs" / "trainer.log").read_text()
+    saved = load_config(["--config", str(run.run_dir / "config.yaml")], GRPOConfig)
+    assert saved.launcher.n_servers == 2 and saved.actor.path == tiny_model_dir
+    assert not run.alive_pids()
+
+
+def test_trainer_exit_code_is_returned(launch, tiny_model_dir):
+    run = launch("local", [f"actor.path={tiny_model_dir}"], mode="fail")
+    code, _, err = run.finish()
+    assert code == 3, err
+    assert "trainer exited with code 3" in err
+
+
+def test_killed_server_without_restarts_stops_everything(launch, tiny_model_dir):
+    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait")
+    run.wait_for(_trainers_started(run, 2), what="two trainer ranks")
+    pid = _kill_first_server(run)
+    code, _, err = run.finish()
+    assert code != 0
+    assert f"server-0 (pid {pid}" in err and "was killed by SIGKILL" in err and "restarts used: 0 of 0" in err
+    assert not run.alive_pids()
+
+
+def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir):
+    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1"], mode="wait")
+    run.wait_for(_trainers_started(run, 1), what="the trainer")
+    old_pid = _kill_first_server(run)
+    run.wait_for(lambda: len([p for p in run.processes() if p["name"] == "server-0"]) == 2, what="a restart")
+    (run.run_dir / "stop").touch()
+    code, _, err = run.finish()
+    assert code == 0, err
+    assert "restarting on the same address (1 of 1)" in err
+    servers = [p for p in run.processes() if p["name"] == "server-0"]
+    assert servers[0]["addr"] == servers[1]["addr"] and servers[1]["pid"] != old_pid
+    assert not run.alive_pids()
+
+
+def test_sigterm_stops_every_child(launch, tiny_model_dir):
+    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait")
+    run.wait_for(_trainers_started(run, 2), what="two trainer ranks")
+    run.proc.send_signal(signal.SIGTERM)
+    code, _, err = run.finish()
+    assert code == 128 + signal.SIGTERM, err
+    assert "SIGTERM received" in err
+    assert len(run.all_pids()) >= 4  # server, torchrun, two ranks
+    assert not run.alive_pids()
+
+
+def test_server_that_fails_to_start_reports_its_log(launch, tmp_path):
+    run = launch("local", [f"actor.path={tmp_path}/no-such-model"])
+    code, _, err = run.finish()
+    assert code != 0
+    assert "server-0 failed to start" in err and "--- last lines of" in err and "no-such-model" in err
+    assert not (run.run_dir / "trainer-pids").exists()
+
+
+def test_bad_arguments_fail_with_a_clear_message(tmp_path, capsys):
+    assert main([]) == 2
+    assert main([str(tmp_path / "missing.py")]) == 2
+    assert "missing.py' does not exist" in capsys.readouterr().err
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert main([str(script), "launcher.n_servrs=2"]) == 2
+    assert "did you mean launcher.n_servers" in capsys.readouterr().err
