@@ -181,3 +181,60 @@ def test_broadcast_to_tokens_torch():
     assert torch.equal(got, torch.tensor([[2.0, 2.0, 0.0], [0.0, -1.0, -1.0]]))
     with pytest.raises(ValueError, match="seq_values"):
         adv.broadcast_to_tokens(torch.zeros(3), mask)
+
+
+# ----------------------------------------------------------------------------- Triton (interpreter on CPU)
+
+triton_only = pytest.mark.skipif(not adv.triton_available(), reason="triton is not installed")
+
+
+@triton_only
+@pytest.mark.parametrize("gamma,lam", GAMMAS_LAMS)
+def test_gae_triton_matches_naive_loop(gamma, lam):
+    # rows=2, block=128: several tiles per sequence (carry across tiles) and a padding row.
+    rewards, values, mask, cu = random_packed_batch(seed=int(gamma * 100 + lam * 10) + 1, n_seqs=5)
+    got_adv, got_ret = adv.gae_packed_triton(rewards, values, mask.bool(), cu, gamma, lam, rows=2, block=128)
+    want_adv, want_ret = naive_gae(rewards, values, mask, cu, gamma, lam)
+    assert got_adv.dtype == torch.float32
+    torch.testing.assert_close(got_adv.double(), want_adv, rtol=1e-5, atol=2e-4)
+    torch.testing.assert_close(got_ret.double(), want_ret, rtol=1e-5, atol=2e-4)
+
+
+@triton_only
+def test_gae_triton_float64_default_tile_with_empty_sequence():
+    rewards, values, mask, cu = random_packed_batch(seed=11, n_seqs=6, max_len=300, dtype=torch.float64, empty=True)
+    got_adv, got_ret = adv.gae_packed_triton(rewards, values, mask.float(), cu.long(), 0.99, 0.95)
+    want_adv, want_ret = naive_gae(rewards, values, mask, cu, 0.99, 0.95)
+    torch.testing.assert_close(got_adv, want_adv, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got_ret, want_ret, rtol=1e-9, atol=1e-9)
+
+
+@triton_only
+@pytest.mark.parametrize("mode", adv.GROUP_NORM_MODES)
+@pytest.mark.parametrize("group_size", [2, 5, 16])
+def test_group_normalize_triton_matches_naive_loop(mode, group_size):
+    rewards = torch.randn(group_size * 9, generator=torch.Generator().manual_seed(group_size), dtype=torch.float64)
+    rewards[:group_size] = 1.0
+    got = adv.group_normalize_triton(rewards, group_size, mode)
+    torch.testing.assert_close(got, naive_group_normalize(rewards, group_size, mode, 1e-6), rtol=1e-9, atol=1e-9)
+
+
+@triton_only
+@pytest.mark.parametrize("shift_mean", [True, False])
+def test_masked_whiten_triton_matches_naive_loop(shift_mean):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 5000, generator=g) * 3 + 100  # several tiles; a large mean tests stability
+    mask = torch.rand(3, 5000, generator=g) < 0.6
+    got = adv.masked_whiten_triton(x, mask, shift_mean=shift_mean)
+    torch.testing.assert_close(got.double(), naive_whiten(x, mask, 1e-6, shift_mean), rtol=1e-5, atol=1e-4)
+    assert torch.equal(adv.masked_whiten_triton(x, torch.zeros_like(mask)), torch.zeros_like(x))
+
+
+@triton_only
+def test_broadcast_to_tokens_triton_matches_torch():
+    g = torch.Generator().manual_seed(6)
+    mask = torch.rand(19, 700, generator=g) < 0.5  # several row and column tiles
+    values = torch.randn(19, generator=g)
+    got = adv.broadcast_to_tokens_triton(values, mask)
+    want = torch.tensor([[values[b].item() if mask[b, t] else 0.0 for t in range(700)] for b in range(19)])
+    assert torch.equal(got, want)

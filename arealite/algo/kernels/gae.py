@@ -1,0 +1,117 @@
+"""Triton GAE over packed sequences with a loss-mask carry (semantics: `algo/advantages.py`).
+
+Each program takes ROWS sequences and walks them from the end in tiles of BLOCK tokens,
+loaded in reverse so the backward recurrence becomes a forward scan. Both recurrences are
+affine maps x -> c*x + d composed with `tl.associative_scan`, so a tile costs log2(BLOCK)
+parallel steps and only the tile loop (length / BLOCK iterations) is serial:
+  1. the value of the next loss-masked token: c = 0 and d = V where the *next* token is
+     masked, c = 1 and d = 0 where it is not (scanned over the token after each position);
+  2. the advantage: c = gamma*lam and d = delta on masked tokens, c = 1 and d = 0 elsewhere.
+The affine prefix of each tile is applied to the carry left by the previous tile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _affine_combine(c1, d1, c2, d2):
+    # Apply x -> c1*x + d1, then x -> c2*x + d2 (element 2 comes later in scan order).
+    return c1 * c2, d1 * c2 + d2
+
+
+@triton.jit
+def _last_column(x, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)[None, :]
+    return tl.sum(tl.where(cols == BLOCK - 1, x, 0.0), axis=1)
+
+
+@triton.jit
+def _gae_kernel(
+    rew_ptr, val_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, n_seqs, gamma_hi, gamma_lo, decay_hi, decay_lo,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr,
+):
+    # Scalars arrive as fp32; hi + lo recovers gamma and gamma*lam to ~1e-14 for float64 runs.
+    gamma = tl.cast(gamma_hi, ACC) + tl.cast(gamma_lo, ACC)
+    gamma_lam = tl.cast(decay_hi, ACC) + tl.cast(decay_lo, ACC)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [R]
+    row_ok = rows < n_seqs
+    start = tl.load(cu_ptr + rows, mask=row_ok, other=0)
+    end = tl.load(cu_ptr + rows + 1, mask=row_ok, other=0)
+    length = end - start  # [R]; 0 for padding rows
+    n_tiles = tl.cdiv(tl.max(length, axis=0), BLOCK)
+    cols = tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
+    carry_adv = tl.zeros([ROWS], dtype=ACC)  # advantage of the nearest masked token after the tile
+    carry_val = tl.zeros([ROWS], dtype=ACC)  # its value (0 past the sequence end: bootstrap)
+    for tile in range(0, n_tiles):
+        back = tile * BLOCK + cols  # [R, BLOCK] distance from the sequence's last token
+        ok = back < length[:, None]
+        pos = end[:, None] - 1 - back
+        m = tl.load(mask_ptr + pos, mask=ok, other=0) != 0
+        r = tl.load(rew_ptr + pos, mask=ok, other=0.0).to(ACC)
+        v = tl.load(val_ptr + pos, mask=ok, other=0.0).to(ACC)
+        # 1. value of the next masked token, from the token after each position
+        has_next = ok & (back >= 1)
+        m_next = tl.load(mask_ptr + pos + 1, mask=has_next, other=0) != 0
+        v_next = tl.load(val_ptr + pos + 1, mask=has_next, other=0.0).to(ACC)
+        keep, found = tl.associative_scan(
+            (tl.where(m_next, 0.0, 1.0).to(ACC), tl.where(m_next, v_next, 0.0).to(ACC)),
+            axis=1, combine_fn=_affine_combine,
+        )
+        next_value = found + keep * carry_val[:, None]
+        # 2. advantages: masked tokens discount by gamma*lam, others pass the carry through
+        delta = tl.where(m, r + gamma * next_value - v, 0.0).to(ACC)
+        decay = tl.where(m, gamma_lam, 1.0).to(ACC)
+        scale, acc = tl.associative_scan((decay, delta), axis=1, combine_fn=_affine_combine)
+        running = acc + scale * carry_adv[:, None]
+        adv = tl.where(m, running, 0.0)
+        tl.store(adv_ptr + pos, adv, mask=ok)
+        tl.store(ret_ptr + pos, v + adv, mask=ok)
+        carry_adv = _last_column(running, BLOCK)
+        carry_val = _last_column(next_value, BLOCK)
+
+
+def _split(x: float) -> tuple[float, float]:
+    """x as an fp32 pair (hi, lo) with hi + lo == x to ~2^-48 relative."""
+    hi = float(np.float32(x))
+    return hi, float(np.float32(x - hi))
+
+
+def _tile(n_tokens: int, n_seqs: int) -> tuple[int, int]:
+    """(rows, block): a tile of ~4k elements, as wide as the mean sequence (16..1024)."""
+    mean_len = max(n_tokens // max(n_seqs, 1), 1)
+    block = min(max(triton.next_power_of_2(mean_len), 16), 1024)
+    return max(4096 // block, 1), block
+
+
+def gae_packed_kernel(
+    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
+    rows: int | None = None, block: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Launch `_gae_kernel`; inputs already validated by `gae_packed_triton`."""
+    dtype = torch.float64 if torch.float64 in (rewards.dtype, values.dtype) else torch.float32
+    n, n_seqs = values.numel(), cu_seqlens.numel() - 1
+    adv = torch.empty(n, dtype=dtype, device=values.device)
+    ret = torch.empty(n, dtype=dtype, device=values.device)
+    if n == 0 or n_seqs == 0:
+        return adv, ret
+    mask = loss_mask.contiguous()
+    if mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)  # same bytes; int1 pointers are awkward in Triton
+    auto_rows, auto_block = _tile(n, n_seqs)
+    rows, block = rows or auto_rows, block or auto_block
+    for name, size in (("rows", rows), ("block", block)):
+        if size < 1 or size & (size - 1):
+            raise ValueError(f"gae_packed_triton: {name}={size} must be a power of two")
+    grid = (triton.cdiv(n_seqs, rows),)
+    _gae_kernel[grid](
+        rewards.contiguous(), values.contiguous(), mask, cu_seqlens.contiguous(), adv, ret, n_seqs,
+        *_split(gamma), *_split(gamma * lam), ROWS=rows, BLOCK=block,
+        ACC=tl.float64 if dtype == torch.float64 else tl.float32,
+    )
+    return adv, ret
