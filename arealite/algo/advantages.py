@@ -23,6 +23,8 @@ any dtype below float32: everything is computed and returned in float32 (float64
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -126,64 +128,62 @@ def _check_broadcast_inputs(seq_values: Tensor, loss_mask: Tensor) -> None:
 # ----------------------------------------------------------------------------- torch: GAE
 
 
+@functools.lru_cache(maxsize=32)
+def _decay_tables(decay: float, k: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """toeplitz [k, k]: decay^(j-i) at [j, i] for j >= i, else 0; tail [k]: decay^(k-i).
+    Powers are taken in float64, so 0^0 = 1 and underflow goes cleanly to 0."""
+    steps = torch.arange(k, dtype=torch.float64)
+    base = torch.tensor(decay, dtype=torch.float64)
+    expo = steps[:, None] - steps[None, :]
+    toeplitz = torch.where(expo >= 0, base ** expo.clamp_min(0), 0.0)
+    return toeplitz.to(dtype=dtype, device=device), (base ** (k - steps)).to(dtype=dtype, device=device)
+
+
 def _discounted_suffix_sum(x: Tensor, ends: Tensor, decay: float) -> Tensor:
     """y_i = sum_{j >= i, same segment} decay^(j-i) x_j over a flat array of segments.
 
-    x [n]; ends: sorted indices of each segment's last element (ends[-1] == n - 1).
-    Blocked scan without division (so decay = 0 or 1 and underflow are exact): a [K, K]
-    Toeplitz matmul solves every chunk of K elements, the few chunks cut by a segment end
-    are recomputed from a window ending at that end, and chunk heads are carried by the same
-    function one level up (decay^K), so a length-L segment takes ~log_K(L) levels.
+    x [n]; ends: sorted index of each segment's last element (ends[-1] == n - 1).
+    Blocked scan without division (exact for decay 0 or 1, no overflow): a [K, K] Toeplitz
+    matmul solves every chunk of K elements, the chunks cut by a segment end are redone from
+    a window ending at that end, and chunk heads are carried by this same function one level
+    up (decay^K), so a segment of length L takes ~log_K(L) levels.
     """
     n, k = x.numel(), _CHUNK
-    m = (n + k - 1) // k
-    steps = torch.arange(k, device=x.device)
-    # toeplitz[j, i] = decay^(j - i) for j >= i: local[c, i] = sum_j chunk[c, j] * toeplitz[j, i]
-    expo = (steps[:, None] - steps[None, :]).to(torch.float64)
-    toeplitz = torch.where(expo >= 0, torch.tensor(decay, dtype=torch.float64) ** expo.clamp_min(0), 0.0)
-    toeplitz = toeplitz.to(x.dtype)
+    m = -(-n // k)
+    toeplitz, tail = _decay_tables(decay, k, x.dtype, x.device)
+    local = x.new_empty(m * k + 1)  # [m*k] chunk-local suffix sums, + 1 sink slot for masked writes
+    body = local[: m * k]
     full = n // k * k
-    local = torch.empty(m * k, dtype=x.dtype, device=x.device)  # [m*k], sums run to each chunk's end
-    torch.matmul(x[:full].view(-1, k), toeplitz, out=local[:full].view(-1, k))
-    if full < n:  # the last, partial chunk: pad only it
-        local[full:] = F.pad(x[full:], (0, m * k - n)) @ toeplitz
+    torch.matmul(x[:full].view(-1, k), toeplitz, out=body[:full].view(-1, k))
+    if full < n:
+        body[full:] = F.pad(x[full:], (0, m * k - n)) @ toeplitz
+    steps = torch.arange(k, device=x.device)
+    sink = m * k
 
-    # Windows ending at a segment end that is not a chunk end: recompute exactly, write only
-    # positions of that segment inside that chunk (each position belongs to one window).
-    cut = ends[(ends + 1) % k != 0]  # [e]
-    if cut.numel():
-        seg_start = torch.zeros_like(ends)
-        seg_start[1:] = ends[:-1] + 1
-        cut_start = seg_start[(ends + 1) % k != 0]
-        pos = cut[:, None] - (k - 1) + steps[None, :]  # [e, k], window ends at the cut
-        win = torch.where(pos >= 0, x[pos.clamp_min(0)], 0.0)  # pos <= cut < n
-        fixed = win @ toeplitz  # [e, k]
-        keep = (pos >= cut_start[:, None]) & (pos >= (cut // k * k)[:, None])
-        local[pos[keep]] = fixed[keep]
-
+    # Redo the tokens before each segment end within its chunk from a window ending there.
+    pos = ends[:, None] - (k - 1) + steps  # [e, k]
+    fixed = torch.where(pos >= 0, x[pos.clamp_min(0)], 0.0) @ toeplitz
+    seg_start = F.pad(ends[:-1] + 1, (1, 0))
+    own = (pos >= seg_start[:, None]) & (pos >= (ends - ends % k)[:, None])
+    local.index_put_((torch.where(own, pos, sink).view(-1),), fixed.view(-1))
     if m == 1:
-        return local[:n]
+        return body[:n]
+
     # Chunk c continues into chunk c+1 unless a segment ends inside chunk c.
-    chunk_has_end = torch.zeros(m, dtype=torch.bool, device=x.device)
-    chunk_has_end[ends // k] = True
-    local2d = local.view(m, k)
-    heads = local2d[:, 0].contiguous()  # [m]
-    chunk_ends = chunk_has_end.nonzero().squeeze(1)
-    if chunk_ends[-1] != m - 1:
-        chunk_ends = torch.cat([chunk_ends, chunk_ends.new_tensor([m - 1])])
-    heads_full = _discounted_suffix_sum(heads, chunk_ends, decay ** k)  # y at each chunk start
-    nxt = F.pad(heads_full[1:], (0, 1))  # [m] value entering chunk c from chunk c+1
-    tail = torch.tensor(decay, dtype=torch.float64) ** (k - steps).to(torch.float64)
-    tail = tail.to(x.dtype)  # decay^(k - i)
-    local2d.addr_(torch.where(chunk_has_end, 0.0, nxt), tail)
-    # In chunks with an end, only positions after the chunk's last end receive the carry.
+    end_chunk = ends // k
+    has_end = torch.zeros(m, dtype=torch.bool, device=x.device)
+    has_end[end_chunk] = True
+    chunk_ends = has_end.nonzero().squeeze(1)  # includes m - 1, which holds ends[-1]
+    heads = _discounted_suffix_sum(body.view(m, k)[:, 0].contiguous(), chunk_ends, decay**k)
+    carry = F.pad(heads[1:], (0, 1))  # [m] suffix sum entering chunk c from chunk c+1
+    body.view(m, k).addr_(torch.where(has_end, 0.0, carry), tail)
+    # In a chunk with an end, only the tokens after its last end take the carry.
     last_end = torch.full((m,), -1, dtype=ends.dtype, device=x.device)
-    last_end.scatter_reduce_(0, ends // k, ends, reduce="amax")
-    ch = chunk_has_end.nonzero().squeeze(1)  # [h]
-    pos = ch[:, None] * k + steps[None, :]  # [h, k]
-    after = pos > last_end[ch][:, None]
-    local[pos[after]] += (tail[None, :] * nxt[ch][:, None])[after]
-    return local[:n]
+    last_end.scatter_reduce_(0, end_chunk, ends, reduce="amax")
+    pos = chunk_ends[:, None] * k + steps  # [h, k]
+    after = pos > last_end[chunk_ends][:, None]
+    local.index_add_(0, torch.where(after, pos, sink).view(-1), (carry[chunk_ends][:, None] * tail).view(-1))
+    return body[:n]
 
 
 def gae_packed_torch(

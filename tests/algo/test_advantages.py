@@ -111,6 +111,35 @@ def test_gae_torch_float64_is_exact_on_long_sequences(gamma, lam):
     torch.testing.assert_close(got_ret, want_ret, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_gae_segment_ends_on_chunk_edges(path):
+    # Fully masked sequences whose ends land on, just before and just after 64-token chunk edges.
+    if path == "triton" and not adv.triton_available():
+        pytest.skip("triton is not installed")
+    lengths = torch.tensor([64, 128, 1, 63, 65, 64, 1000])
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    g = torch.Generator().manual_seed(4)
+    rewards = torch.randn(int(cu[-1]), generator=g, dtype=torch.float64)
+    values = torch.randn(int(cu[-1]), generator=g, dtype=torch.float64)
+    mask = torch.ones_like(rewards, dtype=torch.long)
+    fn = adv.gae_packed_torch if path == "torch" else adv.gae_packed_triton
+    got_adv, got_ret = fn(rewards, values, mask, cu, 0.97, 0.9)
+    want_adv, want_ret = naive_gae(rewards, values, mask, cu, 0.97, 0.9)
+    torch.testing.assert_close(got_adv, want_adv, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got_ret, want_ret, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_gae_empty_batch(path):
+    if path == "triton" and not adv.triton_available():
+        pytest.skip("triton is not installed")
+    fn = adv.gae_packed_torch if path == "torch" else adv.gae_packed_triton
+    empty = torch.zeros(0)
+    for cu in (torch.tensor([0]), torch.tensor([0, 0, 0])):
+        got_adv, got_ret = fn(empty, empty, empty, cu, 0.99, 0.95)
+        assert got_adv.shape == (0,) and got_ret.shape == (0,)
+
+
 def test_gae_masked_tokens_are_transparent():
     # Two model turns separated by environment tokens: the env tokens change nothing.
     r = torch.tensor([0.0, 0.0, 5.0, 7.0, 0.0, 1.0])

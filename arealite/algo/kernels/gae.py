@@ -18,6 +18,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+# ~14 live [ROWS, BLOCK] tensors per tile: 2,048 elements over 8 warps keeps them in registers.
+_TILE_ELEMENTS = 2048
+_NUM_WARPS = 8
+
 
 @triton.jit
 def _affine_combine(c1, d1, c2, d2):
@@ -83,10 +87,12 @@ def _split(x: float) -> tuple[float, float]:
 
 
 def _tile(n_tokens: int, n_seqs: int) -> tuple[int, int]:
-    """(rows, block): a tile of ~4k elements, as wide as the mean sequence (16..1024)."""
+    """(rows, block): BLOCK about the mean sequence length (16..1024), a tile of at most
+    2,048 elements, and few enough rows per program that a batch fills ~128 programs."""
     mean_len = max(n_tokens // max(n_seqs, 1), 1)
     block = min(max(triton.next_power_of_2(mean_len), 16), 1024)
-    return max(4096 // block, 1), block
+    rows = min(_TILE_ELEMENTS // block, max(triton.next_power_of_2(n_seqs) // 128, 1))
+    return rows, block
 
 
 def gae_packed_kernel(
@@ -112,6 +118,6 @@ def gae_packed_kernel(
     _gae_kernel[grid](
         rewards.contiguous(), values.contiguous(), mask, cu_seqlens.contiguous(), adv, ret, n_seqs,
         *_split(gamma), *_split(gamma * lam), ROWS=rows, BLOCK=block,
-        ACC=tl.float64 if dtype == torch.float64 else tl.float32,
+        ACC=tl.float64 if dtype == torch.float64 else tl.float32, num_warps=_NUM_WARPS,
     )
     return adv, ret
