@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -55,9 +56,16 @@ class LaunchedRun:
             pids += [int(p.name) for p in pid_dir.iterdir()]
         return pids
 
-    def alive_pids(self) -> list[int]:
-        """Every recorded process of the run that still exists (should be [] once it ended)."""
-        return [p for p in self.all_pids() if pid_alive(p)]
+    def descendants(self) -> set[int]:
+        """Pids of every process below the launcher now (servers, ranks, Ray's daemons)."""
+        try:
+            return {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def alive_pids(self, extra: set[int] = frozenset()) -> list[int]:
+        """Every recorded process of the run (and of `extra`) that still exists; [] once it ended."""
+        return [p for p in set(self.all_pids()) | set(extra) if pid_alive(p)]
 
     def finish(self, timeout: float = 120.0) -> tuple[int, str, str]:
         try:

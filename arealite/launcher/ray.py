@@ -1,0 +1,301 @@
+"""Ray launcher: servers and trainer ranks as Ray actors in one placement group.
+
+    python -m arealite.launcher.ray SCRIPT --config CFG.yaml [key=value ...]
+
+Joins the cluster at `launcher.ray_address` (or $RAY_ADDRESS), else starts a local one on
+loopback. One placement group holds a bundle per server (`cpus_per_server` CPUs, plus
+`gpus_per_server` GPUs for SGLang) and per trainer rank (`cpus_per_trainer` CPUs, plus one
+GPU for SGLang runs). Each server actor supervises its server process on its node (restarts
+on the same address, as the local launcher does); each trainer actor runs one rank of SCRIPT
+with the torchrun variables set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
+Logs go to `<run_dir>/logs/` (the run directory must be on a filesystem every node sees).
+Any failure (a server out of restarts, a rank exiting non-zero, an actor dying) tears
+everything down and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from arealite.config import ConfigError, GRPOConfig, save_config
+from arealite.launcher import ports
+from arealite.launcher.launch_args import LaunchArgs, parse_launch_args
+from arealite.launcher.local import POLL_INTERVAL
+from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, with_package_path
+from arealite.launcher.server_cmd import server_command
+from arealite.launcher.signals import Interrupted, raising_on_signals, signals_ignored
+from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
+
+CALL_TIMEOUT = 60.0  # seconds for one actor call; Ray can otherwise wait forever
+
+
+@ray.remote
+class ServerActor:
+    """Runs and supervises one inference server on the node it is placed on."""
+
+    def __init__(self, config: GRPOConfig, index: int, backend: str, run_dir: str, host: str | None) -> None:
+        self.name = f"server-{index}"
+        host = host or ray.util.get_node_ip_address()
+        record_process(run_dir, f"actor:{self.name}", os.getpid())
+        port = ports.free_ports(1, host)[0]
+        launcher = config.launcher
+        self.server = SupervisedServer(
+            name=self.name,
+            cmd=server_command(config, host, port, backend),
+            host=host,
+            port=port,
+            log_path=os.path.join(run_dir, "logs", f"{self.name}.log"),
+            max_restarts=launcher.max_server_restarts,
+            start_timeout=launcher.server_start_timeout,
+            on_start=lambda name, pid, addr: record_process(run_dir, name, pid, addr),
+        )
+        self.server.start()
+
+    def addr(self) -> str:
+        return self.server.addr
+
+    def check(self) -> tuple[bool, int, str | None]:
+        """(healthy, restarts so far, failure message or None) after one supervision step."""
+        try:
+            self.server.check()
+        except LaunchError as e:
+            return False, self.server.restarts, str(e)
+        return self.server.healthy, self.server.restarts, None
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+@ray.remote
+class TrainerActor:
+    """Runs one trainer rank as a child process on the node it is placed on."""
+
+    def __init__(self, rank: int, run_dir: str, host: str | None) -> None:
+        self.rank = rank
+        self.run_dir = run_dir
+        self.host = host or ray.util.get_node_ip_address()
+        self.proc: ManagedProcess | None = None
+        record_process(run_dir, f"actor:trainer-{rank}", os.getpid())
+
+    def node(self) -> str:
+        return self.host
+
+    def free_port(self) -> int:
+        return ports.free_ports(1, self.host)[0]
+
+    def start(self, cmd: list[str], env: dict[str, str], cwd: str) -> int:
+        log_path = os.path.join(self.run_dir, "logs", f"trainer-{self.rank}.log")
+        self.proc = ManagedProcess(f"trainer-{self.rank}", cmd, log_path, dict(os.environ, **env), cwd=cwd)
+        self.proc.start()
+        record_process(self.run_dir, f"trainer-{self.rank}", self.proc.pid or -1)
+        return self.proc.pid or -1
+
+    def poll(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+
+def _get(refs, what: str):
+    """ray.get with a timeout; an actor that died or hung becomes a LaunchError naming `what`."""
+    try:
+        return ray.get(refs, timeout=CALL_TIMEOUT)
+    except ray.exceptions.GetTimeoutError as e:
+        raise LaunchError(f"{what}: no answer within {CALL_TIMEOUT:.0f}s") from e
+    except ray.exceptions.RayActorError as e:
+        raise LaunchError(f"{what}: an actor died: {e}") from e
+
+
+class RayRun:
+    """One launch on a Ray cluster."""
+
+    def __init__(self, args: LaunchArgs) -> None:
+        self.args = args
+        self.config = args.config
+        self.run_dir = os.path.abspath(self.config.run_dir)
+        self.started_cluster = False
+        self.pg = None
+        self.servers: list = []
+        self.trainers: list = []
+        self.restarts = [0] * self.config.launcher.n_servers  # restarts seen so far, per server
+
+    def connect(self) -> str:
+        """Join the configured cluster, or start a local one; the host servers bind to."""
+        address = self.config.launcher.ray_address or os.environ.get("RAY_ADDRESS", "")
+        # Workers import arealite from the same checkout as this driver.
+        runtime_env = {"env_vars": {"PYTHONPATH": with_package_path(None)["PYTHONPATH"]}}
+        if address:
+            ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+            return ""  # each actor binds to its own node's address
+        launcher = self.config.launcher
+        needed = launcher.n_servers * launcher.cpus_per_server + launcher.n_trainers * launcher.cpus_per_trainer
+        # An explicit CPU count: Ray otherwise sizes the node from the machine and a placement
+        # group that does not fit waits forever without a word.
+        ray.init(
+            num_cpus=max(needed, os.cpu_count() or 1),
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env=runtime_env,
+            _node_ip_address="127.0.0.1",
+        )
+        self.started_cluster = True
+        return "127.0.0.1"
+
+    def reserve(self, backend: str) -> None:
+        launcher = self.config.launcher
+        gpu = backend == "sglang"
+        server = {"CPU": launcher.cpus_per_server, **({"GPU": launcher.gpus_per_server} if gpu else {})}
+        trainer = {"CPU": launcher.cpus_per_trainer, **({"GPU": 1} if gpu else {})}
+        bundles = [dict(server) for _ in range(launcher.n_servers)] + [dict(trainer) for _ in range(launcher.n_trainers)]
+        self.pg = placement_group(bundles, strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=launcher.server_start_timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            raise LaunchError(
+                f"the Ray cluster cannot place {bundles} within {launcher.server_start_timeout:.0f}s; it has "
+                f"{ray.available_resources()} free. Lower launcher.cpus_per_* or n_*, or add nodes"
+            ) from e
+
+    def _in_bundle(self, actor_cls, index: int, num_cpus: int, num_gpus: int):
+        """`actor_cls` placed in bundle `index`, using that bundle's whole reservation."""
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
+        return actor_cls.options(num_cpus=num_cpus, num_gpus=num_gpus, scheduling_strategy=strategy)
+
+    def start_servers(self, backend: str, host: str) -> list[str]:
+        launcher = self.config.launcher
+        gpus = launcher.gpus_per_server if backend == "sglang" else 0
+        for i in range(launcher.n_servers):
+            actor = self._in_bundle(ServerActor, i, launcher.cpus_per_server, gpus).remote(self.config, i, backend, self.run_dir, host or None)
+            self.servers.append(actor)
+        log(f"started {launcher.n_servers} {backend} server actor(s); waiting for /health")
+        deadline = time.monotonic() + launcher.server_start_timeout + CALL_TIMEOUT
+        while True:
+            states = _get([s.check.remote() for s in self.servers], "server start")
+            for _, _, failure in states:
+                if failure:
+                    raise LaunchError(failure)
+            if all(healthy for healthy, _, _ in states):
+                return _get([s.addr.remote() for s in self.servers], "server addresses")
+            if time.monotonic() > deadline:
+                raise LaunchError("servers did not become healthy in time")
+            time.sleep(0.5)
+
+    def start_trainers(self, backend: str, host: str, addrs: list[str]) -> None:
+        launcher = self.config.launcher
+        n = launcher.n_trainers
+        for rank in range(n):
+            index = launcher.n_servers + rank
+            actor = self._in_bundle(TrainerActor, index, launcher.cpus_per_trainer, 1 if backend == "sglang" else 0)
+            self.trainers.append(actor.remote(rank, self.run_dir, host or None))
+        nodes = _get([t.node.remote() for t in self.trainers], "trainer placement")
+        master_port = _get(self.trainers[0].free_port.remote(), "trainer rank 0")
+        cmd = [sys.executable, self.args.script, *self.args.trainer_args]
+        starts = []
+        for rank, (actor, node) in enumerate(zip(self.trainers, nodes)):
+            same_node = [r for r in range(n) if nodes[r] == node]
+            env = {
+                "AREAL_LLM_SERVER_ADDRS": ",".join(addrs),
+                "RANK": str(rank), "WORLD_SIZE": str(n),
+                "LOCAL_RANK": str(same_node.index(rank)), "LOCAL_WORLD_SIZE": str(len(same_node)),
+                "MASTER_ADDR": nodes[0], "MASTER_PORT": str(master_port),
+            }  # fmt: skip
+            starts.append(actor.start.remote(cmd, env, os.getcwd()))
+        pids = _get(starts, "trainer start")
+        log(f"trainer ranks started (pids {pids}); servers {addrs}")
+
+    def supervise(self) -> int:
+        """Until every rank has exited: keep servers alive; 0, or the first failing rank's status."""
+        launcher = self.config.launcher
+        while True:
+            codes = _get([t.poll.remote() for t in self.trainers], "trainer poll")
+            for rank, code in enumerate(codes):
+                if code is not None and code != 0:
+                    log(f"trainer rank {rank} {describe_exit(code)}; stopping the run")
+                    return exit_status(code)
+            if all(code == 0 for code in codes):
+                log("all trainer ranks exited with code 0")
+                return 0
+            states = _get([s.check.remote() for s in self.servers], "server check")
+            for i, (healthy, restarts, failure) in enumerate(states):
+                if failure:
+                    raise LaunchError(failure)
+                if restarts > self.restarts[i]:
+                    self.restarts[i] = restarts
+                    log(f"server-{i} died and was restarted on its address ({restarts} of {launcher.max_server_restarts})")
+            time.sleep(POLL_INTERVAL)
+
+    def run(self) -> int:
+        os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
+        open(os.path.join(self.run_dir, "processes.jsonl"), "w").close()
+        save_config(self.config, os.path.join(self.run_dir, "config.yaml"))
+        try:
+            host = self.connect()
+            backend = _resolve_backend(self.config)
+            run_setup_commands(self.config.launcher.setup_commands, os.path.join(self.run_dir, "logs"))
+            self.reserve(backend)
+            addrs = self.start_servers(backend, host)
+            self.start_trainers(backend, host, addrs)
+            return self.supervise()
+        finally:
+            with signals_ignored():
+                self.teardown()
+
+    def teardown(self) -> None:
+        """Stop every child process through its actor, then the actors, the group and the cluster."""
+        actors = self.trainers + self.servers
+        stops = [a.stop.remote() for a in actors]
+        try:
+            ray.get(stops, timeout=CALL_TIMEOUT)
+        except Exception as e:  # a dead actor's children got SIGTERM from PR_SET_PDEATHSIG
+            log(f"while stopping actors: {type(e).__name__}: {e}")
+        for a in actors:
+            ray.kill(a)
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _resolve_backend(config: GRPOConfig) -> str:
+    """Like `server_cmd.resolve_backend`, but 'auto' looks at the cluster's GPUs, not this node's."""
+    if config.server.backend != "auto":
+        return config.server.backend
+    return "sglang" if ray.cluster_resources().get("GPU", 0) > 0 else "builtin"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a launch on Ray from `SCRIPT --config CFG [overrides]`; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_launch_args(argv, "ray")
+    except ConfigError as e:
+        log(f"error: {e}")
+        return 2
+    try:
+        with raising_on_signals():
+            return RayRun(args).run()
+    except LaunchError as e:
+        log(f"run failed, stopped everything: {e}")
+        return 1
+    except ConfigError as e:
+        log(f"error: {e}")
+        return 2
+    except Interrupted as e:
+        log(f"{e} received; stopped everything")
+        return 128 + e.signum
+
+
+if __name__ == "__main__":
+    # Run the imported module's main, so that Ray ships the actor classes by reference to
+    # `arealite.launcher.ray` rather than pickling a copy of `__main__`.
+    from arealite.launcher.ray import main as _main
+
+    sys.exit(_main())
