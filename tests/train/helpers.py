@@ -43,3 +43,41 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def run_ranks(world_size: int, args: list[str], timeout: float = 240.0) -> None:
+    """Run tests/train/dist_worker.py as `world_size` trainer ranks (torchrun's env), on gloo.
+
+    Fails with every rank's output tail if a rank exits non-zero or time runs out; never
+    leaves a rank behind.
+    """
+    import subprocess
+    import tempfile
+    import time
+
+    port = free_port()
+    worker = str(Path(__file__).with_name("dist_worker.py"))
+    procs, logs = [], []
+    try:
+        for rank in range(world_size):
+            env = subprocess_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                                 LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+            log = tempfile.TemporaryFile()
+            logs.append(log)
+            procs.append(subprocess.Popen([PYTHON, worker, *args], env=env, stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.poll() not in (None, 0) for p in procs):
+                break  # one rank failed: the others would wait for it forever
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    if any(p.returncode != 0 for p in procs):
+        tails = []
+        for rank, log in enumerate(logs):
+            log.seek(0)
+            tails.append(f"--- rank {rank} (rc {procs[rank].returncode}) ---\n{log.read().decode(errors='replace')[-3000:]}")
+        raise AssertionError("trainer ranks failed:\n" + "\n".join(tails))

@@ -1,0 +1,125 @@
+"""One trainer rank for the multi-process tests (started by `run_ranks` with torchrun's env vars).
+
+    python tests/train/dist_worker.py update MODEL_DIR OUT_DIR
+    python tests/train/dist_worker.py sync MODEL_DIR OUT_DIR ADDR1,ADDR2 GROUP_PORT
+
+`update`: one PPO step on this rank's share of a fixed global batch; writes stats and the
+updated model. `sync`: the same step, then a distributed weight upload to the servers at
+ADDR1,ADDR2 over a gloo group (rank 0 does the HTTP side), then writes the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from arealite import distributed as dist_utils  # noqa: E402
+from arealite.config import MicroBatchSpec, OptimizerConfig, PPOActorConfig  # noqa: E402
+from arealite.data.packing import select  # noqa: E402
+from arealite.train.actor import PPOActor  # noqa: E402
+from arealite.types import WeightUpdateMeta  # noqa: E402
+from tests.train.helpers import make_batch  # noqa: E402
+
+GLOBAL_LENS = [12, 5, 9, 7, 3, 10, 6, 8]
+
+
+def train_one_step(model_dir: str) -> tuple[PPOActor, list[dict]]:
+    rank, world = dist_utils.init_distributed()
+    torch.set_num_threads(1)
+    # Adam's eps bounds how much it amplifies rounding in near-zero gradients (gain lr/eps):
+    # 1e-4 keeps the 1-vs-2-rank comparison about the gradients, not float summation order.
+    cfg = PPOActorConfig(path=model_dir, group_size=2, optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
+                         mb_spec=MicroBatchSpec(n_mbs=2), use_decoupled_loss=True)  # fmt: skip
+    actor = PPOActor(cfg).initialize()
+    batch = make_batch(GLOBAL_LENS, seed=21)
+    batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    per_rank = len(GLOBAL_LENS) // world  # whole groups per rank
+    batch = select(batch, list(range(rank * per_rank, (rank + 1) * per_rank)), trim=False)
+    batch["prox_logp"] = actor.compute_logp(batch)
+    actor.compute_advantages(batch)
+    return actor, actor.ppo_update(batch)
+
+
+def _post(addr: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"http://{addr}{path}", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(req, timeout=120) as r:
+        out = json.loads(r.read())
+    if not out.get("success"):
+        raise RuntimeError(f"{addr}{path}: {out}")
+    return out
+
+
+def _in_threads(fns) -> tuple[list[threading.Thread], list, list[Exception]]:
+    """Threads (not started) running `fns`, their results, and the errors they raise."""
+    results, errors = [None] * len(fns), []
+
+    def run(i, fn):
+        try:
+            results[i] = fn()
+        except Exception as e:  # noqa: BLE001 - surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
+    return threads, results, errors
+
+
+def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
+    meta = WeightUpdateMeta(type="distributed", master_address="127.0.0.1", master_port=port,
+                            group_name="test_group", weight_chunk_mb=1, version=1)  # fmt: skip
+    world = 1 + len(addrs)
+    main = dist_utils.is_main()
+    buckets = actor.weight_buckets(meta)
+    init = [
+        lambda a=a, i=i: _post(a, "/init_weights_update_group", {
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1 + i, "world_size": world,
+            "group_name": meta.group_name, "backend": "gloo"})
+        for i, a in enumerate(addrs)
+    ]  # fmt: skip
+
+    def send_buckets(addr: str) -> None:  # one server's bucket calls, in order, each awaited
+        for bucket in buckets:
+            _post(addr, "/update_weights_from_distributed", {
+                "names": [n for n, _, _ in bucket], "dtypes": [d for _, d, _ in bucket],
+                "shapes": [s for _, _, s in bucket], "group_name": meta.group_name, "flush_cache": True,
+                "weight_version": str(meta.version)})  # fmt: skip
+
+    for phase in (init, [lambda a=a: send_buckets(a) for a in addrs]):
+        threads, _, errors = _in_threads(phase if main else [])
+        for t in threads:
+            t.start()
+        if phase is init:
+            actor.init_weight_update_group(meta, world)
+        else:
+            actor.upload_weights(meta)
+        for t in threads:
+            t.join(timeout=120)
+        if errors:
+            raise errors[0]
+    actor.set_version(meta.version)
+
+
+def main(argv: list[str]) -> None:
+    mode, model_dir, out_dir = argv[:3]
+    actor, stats = train_one_step(model_dir)
+    if mode == "sync":
+        sync(actor, argv[3].split(","), int(argv[4]))
+        if dist_utils.is_main():
+            Path(out_dir, "buckets.json").write_text(json.dumps(actor.weight_buckets(WeightUpdateMeta(weight_chunk_mb=1))))
+    actor.save(os.path.join(out_dir, "hf"))
+    if dist_utils.is_main():
+        Path(out_dir, "stats.json").write_text(json.dumps(stats))
+    dist_utils.barrier()
+    dist_utils.destroy_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
