@@ -2,9 +2,9 @@
 use (one step per token position, vectorized over the batch, padded [B, T]), (b) the
 vectorized torch reference `gae_packed_torch`, (c) the Triton kernel when CUDA is present.
 
-Prints each time (best and median of --repeats runs; the ratios use the best, which is the
-least disturbed by other processes on a shared machine) and ends with `reference_vs_loop=<x>`
-and, on CUDA, `triton_vs_loop=<x>`.
+Prints each CPU time (best and median of --repeats alternating runs; the ratio uses the
+best, the run least disturbed by other processes on a shared machine), the CUDA times (mean
+over back-to-back calls) and ends with `reference_vs_loop=<x>` and, on CUDA, `triton_vs_loop=<x>`.
 
     python benchmarks/advantages.py                    # 1,024 sequences x 1,024 tokens
     python benchmarks/advantages.py --seqs 64 --tokens 16384 --threads 2
@@ -58,18 +58,30 @@ def gae_loop(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, ga
     return advantages, advantages + values
 
 
-def timed(fn: Callable[[], object], repeats: int, cuda: bool) -> tuple[float, float]:
-    fn()  # warm-up (allocator, Triton compile)
-    times = []
+def cpu_times(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
+    """(best, median) seconds per function; calls alternate so both see the same machine load."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()  # warm-up: allocator, caches
     for _ in range(repeats):
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (min(ts), statistics.median(ts)) for name, ts in times.items()}
+
+
+def cuda_time(fn: Callable[[], object], calls: int) -> float:
+    """Mean seconds per call over `calls` back-to-back calls, timed with CUDA events."""
+    fn()  # warm-up: Triton compile, allocator
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
         fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times), statistics.median(times)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / calls
 
 
 def main() -> None:
@@ -78,7 +90,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--gamma", type=float, default=1.0)
     ap.add_argument("--lam", type=float, default=0.95)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -92,12 +104,13 @@ def main() -> None:
     got, _ = gae_packed_torch(*packed)
     torch.testing.assert_close(got.view_as(want), want, rtol=1e-4, atol=1e-3)
 
-    loop = timed(lambda: gae_loop(padded["rewards"], padded["values"], padded["loss_mask"], args.gamma, args.lam),
-                 args.repeats, cuda=False)
-    ref = timed(lambda: gae_packed_torch(*packed), args.repeats, cuda=False)
-    print(f"cpu loop       best {loop[0] * 1e3:9.2f} ms  median {loop[1] * 1e3:9.2f} ms")
-    print(f"cpu reference  best {ref[0] * 1e3:9.2f} ms  median {ref[1] * 1e3:9.2f} ms")
-    lines = [f"reference_vs_loop={loop[0] / ref[0]:.1f}"]
+    cpu = cpu_times({
+        "loop": lambda: gae_loop(padded["rewards"], padded["values"], padded["loss_mask"], args.gamma, args.lam),
+        "reference": lambda: gae_packed_torch(*packed),
+    }, args.repeats)
+    for name, (best, median) in cpu.items():
+        print(f"cpu {name:<10} best {best * 1e3:9.2f} ms  median {median * 1e3:9.2f} ms")
+    lines = [f"reference_vs_loop={cpu['loop'][0] / cpu['reference'][0]:.1f}"]
 
     if torch.cuda.is_available() and triton_available():
         dev = {k: v.cuda() for k, v in padded.items()}
@@ -105,18 +118,16 @@ def main() -> None:
         flat = [dev[k].reshape(-1) for k in ("rewards", "values", "loss_mask")]
         got, _ = gae_packed_triton(*flat, cu, args.gamma, args.lam)
         torch.testing.assert_close(got.cpu().view_as(want), want, rtol=1e-4, atol=1e-3)
-        cuda_loop = timed(lambda: gae_loop(dev["rewards"], dev["values"], dev["loss_mask"], args.gamma, args.lam),
-                          args.repeats, cuda=True)
-        tri = timed(lambda: gae_packed_triton(*flat, cu, args.gamma, args.lam, check_cu_seqlens=False),
-                    max(args.repeats, 50), cuda=True)
-        # bytes: read rewards, values, loss_mask, cu_seqlens; write advantages, returns (fp32)
+        cuda_loop = cuda_time(lambda: gae_loop(dev["rewards"], dev["values"], dev["loss_mask"], args.gamma, args.lam), 3)
+        tri = cuda_time(lambda: gae_packed_triton(*flat, cu, args.gamma, args.lam, check_cu_seqlens=False), 200)
+        # bytes: read rewards, values, loss_mask, cu_seqlens; write advantages and returns (fp32)
         moved = sum(t.numel() * t.element_size() for t in (*flat, cu)) + 2 * 4 * flat[0].numel()
         bound = moved / H200_BYTES_PER_S
-        print(f"cuda loop      best {cuda_loop[0] * 1e3:9.3f} ms  median {cuda_loop[1] * 1e3:9.3f} ms")
-        print(f"cuda triton    best {tri[0] * 1e3:9.3f} ms  median {tri[1] * 1e3:9.3f} ms")
+        print(f"cuda loop      {cuda_loop * 1e3:9.3f} ms per call")
+        print(f"cuda triton    {tri * 1e6:9.1f} us per call (back-to-back calls, CUDA events)")
         print(f"bytes moved {moved / 1e6:.1f} MB -> H200 bandwidth time {bound * 1e6:.1f} us; "
-              f"triton / bandwidth time = {tri[0] / bound:.2f}")
-        lines.append(f"triton_vs_loop={cuda_loop[0] / tri[0]:.1f}")
+              f"triton / bandwidth time = {tri / bound:.2f}")
+        lines.append(f"triton_vs_loop={cuda_loop / tri:.1f}")
     print("\n".join(lines))
 
 

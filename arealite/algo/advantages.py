@@ -49,7 +49,7 @@ __all__ = [
 GROUP_NORM_MODES = ("mean_std", "mean", "rloo")
 
 # Chunk length of the blocked scan: a [K, K] Toeplitz matmul solves K steps at once.
-_CHUNK = 64
+_CHUNK = 32
 
 
 def triton_available() -> bool:
@@ -139,14 +139,27 @@ def _decay_tables(decay: float, k: int, dtype: torch.dtype, device: torch.device
     return toeplitz.to(dtype=dtype, device=device), (base ** (k - steps)).to(dtype=dtype, device=device)
 
 
+def _doubling_suffix_sum(x: Tensor, ends: Tensor, decay: float) -> Tensor:
+    """Same result as `_discounted_suffix_sum` by a doubling (Hillis-Steele) scan: after the
+    step with shift s, y_i sums x over [i, i + 2s) within i's segment. log2(L) passes over x."""
+    steps = torch.arange(x.numel(), device=x.device)
+    room = ends[torch.searchsorted(ends, steps)] - steps  # elements after i in its segment
+    longest = int(room.max())
+    y, shift, factor = x, 1, decay
+    while shift <= longest:
+        y = torch.where(room >= shift, y + factor * F.pad(y[shift:], (0, shift)), y)
+        shift, factor = shift * 2, factor * factor  # factor = decay^shift (0 on underflow)
+    return y
+
+
 def _discounted_suffix_sum(x: Tensor, ends: Tensor, decay: float) -> Tensor:
     """y_i = sum_{j >= i, same segment} decay^(j-i) x_j over a flat array of segments.
 
     x [n]; ends: sorted index of each segment's last element (ends[-1] == n - 1).
     Blocked scan without division (exact for decay 0 or 1, no overflow): a [K, K] Toeplitz
     matmul solves every chunk of K elements, the chunks cut by a segment end are redone from
-    a window ending at that end, and chunk heads are carried by this same function one level
-    up (decay^K), so a segment of length L takes ~log_K(L) levels.
+    a window ending at that end, and the K-times shorter series of chunk heads is solved by
+    a doubling scan with decay^K, then carried back into each chunk.
     """
     n, k = x.numel(), _CHUNK
     m = -(-n // k)
@@ -162,7 +175,8 @@ def _discounted_suffix_sum(x: Tensor, ends: Tensor, decay: float) -> Tensor:
 
     # Redo the tokens before each segment end within its chunk from a window ending there.
     pos = ends[:, None] - (k - 1) + steps  # [e, k]
-    fixed = torch.where(pos >= 0, x[pos.clamp_min(0)], 0.0) @ toeplitz
+    # Clamped (garbage) entries sit before the chunk start and never reach an owned position.
+    fixed = x.index_select(0, pos.clamp_min(0).view(-1)).view(pos.shape) @ toeplitz
     seg_start = F.pad(ends[:-1] + 1, (1, 0))
     own = (pos >= seg_start[:, None]) & (pos >= (ends - ends % k)[:, None])
     local.index_put_((torch.where(own, pos, sink).view(-1),), fixed.view(-1))
@@ -174,7 +188,7 @@ def _discounted_suffix_sum(x: Tensor, ends: Tensor, decay: float) -> Tensor:
     has_end = torch.zeros(m, dtype=torch.bool, device=x.device)
     has_end[end_chunk] = True
     chunk_ends = has_end.nonzero().squeeze(1)  # includes m - 1, which holds ends[-1]
-    heads = _discounted_suffix_sum(body.view(m, k)[:, 0].contiguous(), chunk_ends, decay**k)
+    heads = _doubling_suffix_sum(body.view(m, k)[:, 0].contiguous(), chunk_ends, decay**k)
     carry = F.pad(heads[1:], (0, 1))  # [m] suffix sum entering chunk c from chunk c+1
     body.view(m, k).addr_(torch.where(has_end, 0.0, carry), tail)
     # In a chunk with an end, only the tokens after its last end take the carry.
