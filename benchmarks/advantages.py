@@ -6,7 +6,7 @@ Prints each CPU time (best and median of --repeats alternating runs; the ratio u
 best, the run least disturbed by other processes on a shared machine), the CUDA times (mean
 over back-to-back calls) and ends with `reference_vs_loop=<x>` and, on CUDA, `triton_vs_loop=<x>`.
 
-    python benchmarks/advantages.py                    # 1,024 sequences x 1,024 tokens
+    python benchmarks/advantages.py                    # 1,024 sequences x 1,024 tokens, 1 thread
     python benchmarks/advantages.py --seqs 64 --tokens 16384 --threads 2
 """
 
@@ -91,7 +91,9 @@ def main() -> None:
     ap.add_argument("--gamma", type=float, default=1.0)
     ap.add_argument("--lam", type=float, default=0.95)
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    # One thread by default: on a shared machine a multi-threaded op stalls whenever one of its
+    # workers is descheduled, which swamps the figures. Both paths get the same count.
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     b = make_batch(args.seqs, args.tokens)

@@ -12,7 +12,8 @@ The affine prefix of each tile is applied to the carry left by the previous tile
 
 from __future__ import annotations
 
-import numpy as np
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -82,8 +83,12 @@ def _gae_kernel(
 
 def _split(x: float) -> tuple[float, float]:
     """x as an fp32 pair (hi, lo) with hi + lo == x to ~2^-48 relative."""
-    hi = float(np.float32(x))
-    return hi, float(np.float32(x - hi))
+    hi = _to_fp32(x)
+    return hi, _to_fp32(x - hi)
+
+
+def _to_fp32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _tile(n_tokens: int, n_seqs: int) -> tuple[int, int]:
