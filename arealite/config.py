@@ -285,6 +285,7 @@ class GRPOConfig:
     total_train_steps: int = 10
     tokenizer_path: str = ""  # defaults to actor.path
     weight_update: str = "disk"  # disk | distributed
+    reward_fn: str = ""  # "module:function" of a custom reward; empty: chosen by train_dataset.type
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
     actor: PPOActorConfig = field(default_factory=PPOActorConfig)

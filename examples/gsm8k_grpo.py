@@ -21,6 +21,7 @@ from arealite.distributed import barrier, init_distributed
 from arealite.reward.math import boxed_reward_fn, gsm8k_reward_fn
 from arealite.rollout import RemoteSGLangEngine
 from arealite.train import PPOActor
+from arealite.utils.imports import import_object
 from arealite.utils.stats_logger import StatsLogger
 from arealite.utils.weight_sync import disk_update_meta, sync_weights
 from arealite.workflow import RLVRWorkflow
@@ -51,7 +52,8 @@ def main(argv: list[str]) -> None:
     rollout.initialize()
     actor = PPOActor(config.actor)
     actor.initialize()
-    workflow = RLVRWorkflow(REWARDS[config.train_dataset.type], config.gconfig, tokenizer)
+    reward_fn = import_object(config.reward_fn) if config.reward_fn else REWARDS[config.train_dataset.type]
+    workflow = RLVRWorkflow(reward_fn, config.gconfig, tokenizer)
     stats_logger = StatsLogger(config.run_dir, rank, config.stats_logger.jsonl, config.stats_logger.tensorboard)
 
     data_iter = iter(loader)
