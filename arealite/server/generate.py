@@ -12,7 +12,7 @@ import asyncio
 
 from aiohttp import web
 
-from arealite.server.errors import BadBody, ContractError, RequestError, dumps, error_response, json_response, read_json_object, stream_error_chunk
+from arealite.server.errors import RequestError, dumps, error_response, json_response, read_json_object, stream_error_chunk
 from arealite.server.output import build_result
 from arealite.server.protocol import GenerateCall, check_length, parse_generate
 from arealite.server.request import Req
@@ -66,7 +66,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     try:
         body = await read_json_object(request)
         call = parse_generate(body, state.runner.vocab_size)
-    except (BadBody, ContractError, RequestError) as e:
+    except ValueError as e:  # BadBody, ContractError, RequestError, and SamplingParams.verify
         return error_response(e)
     if call.stream:
         return await _stream(request, state, call)

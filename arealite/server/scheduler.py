@@ -54,6 +54,7 @@ class Scheduler:
         self.decode_steps = 0
         self._commands: queue.Queue = queue.Queue()
         self._stop = False
+        self._admitting: list[Req] = []  # popped from `waiting`, not yet in `running`
         self._thread = threading.Thread(target=self._loop, name="arealite-scheduler", daemon=True)
 
     # ---- thread-safe API -------------------------------------------------------------
@@ -92,14 +93,18 @@ class Scheduler:
             if self._stop or self.paused:
                 continue
             try:
-                self._admit()
-                if self.running:
-                    self._decode_step()
-            except Exception:  # a failed forward must not leave clients hanging forever
+                with torch.inference_mode():
+                    self._admit()
+                    if self.running:
+                        self._decode_step()
+            except Exception as e:  # a failed step must not leave clients hanging forever
                 logger.exception("scheduler step failed; aborting the running batch")
-                for req in self.running:
-                    req.finish({"type": "abort", "message": "Internal error in the model step", "status_code": 500, "err_type": "InternalServerError"})
+                reason = {"type": "abort", "message": f"Internal error in the model step: {e}", "status_code": 500, "err_type": "InternalServerError"}
+                for req in self.running + self._admitting:
+                    if req.finish_reason is None:
+                        req.finish(reason)
                 self.running, self.kv = [], None
+            self._admitting = []
         for req in list(self.waiting) + self.running:
             req.finish(ABORT_WAITING if not req.started else ABORT_RUNNING)
 
@@ -175,6 +180,7 @@ class Scheduler:
             if (batch or self.running) and (over_budget or over_prefill):
                 break
             batch.append(self.waiting.popleft())
+            self._admitting.append(req)
             reserved += self._reserved(req)
             longest = longest_if
         for req in [r for r in batch if r.max_new_tokens == 0]:
