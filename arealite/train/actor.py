@@ -22,7 +22,7 @@ from arealite.config import PPOActorConfig
 from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
 from arealite.train.advantage_estimation import estimate_advantages
 from arealite.train.engine import FSDPEngine, load_causal_lm
-from arealite.train.logprobs import packed_token_logprobs
+from arealite.train.logprobs import batch_token_logprobs, packed_token_logprobs
 
 
 class PPOActor(FSDPEngine):
@@ -44,12 +44,7 @@ class PPOActor(FSDPEngine):
         0 at t = 0, on padding, and (when the batch has `loss_mask`) outside the loss mask.
         """
         temp = self.config.temperature if temperature is None else temperature
-        hook = lambda logits, mb: packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"], temp)  # noqa: E731
-        logp = self.forward(batch, hook)
-        keep = batch["attention_mask"].bool()
-        if "loss_mask" in batch:
-            keep = keep & batch["loss_mask"].bool()
-        return torch.where(keep.to(logp.device), logp, torch.zeros_like(logp))
+        return batch_token_logprobs(self, batch, temp)
 
     def compute_advantages(self, batch: Batch) -> Batch:
         """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it."""

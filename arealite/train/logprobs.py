@@ -28,3 +28,13 @@ def packed_token_logprobs(
     starts = cu_seqlens[:-1].long().to(out.device)
     # A sequence's first token is "predicted" by the previous sequence's last position: drop it.
     return out.index_fill(0, starts, 0.0)
+
+
+def batch_token_logprobs(engine, batch: dict, temperature: float) -> torch.Tensor:
+    """`engine.forward` -> logprobs [B, T]; 0 at t = 0, on padding and outside `loss_mask`."""
+    hook = lambda logits, mb: packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"], temperature)  # noqa: E731
+    logp = engine.forward(batch, hook)
+    keep = batch["attention_mask"].bool()
+    if "loss_mask" in batch:
+        keep = keep & batch["loss_mask"].bool()
+    return torch.where(keep.to(logp.device), logp, torch.zeros_like(logp))

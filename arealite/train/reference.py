@@ -1,0 +1,29 @@
+"""ReferenceModel: a frozen copy of the initial policy, for the KL term.
+
+    batch["ref_logp"] = ref.compute_logp(batch)
+
+It reuses the engine's sharded forward and never builds an optimizer, whatever the config says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from arealite.config import TrainEngineConfig
+from arealite.data.packing import Batch
+from arealite.train.engine import FSDPEngine, load_causal_lm
+from arealite.train.logprobs import batch_token_logprobs
+
+
+class ReferenceModel(FSDPEngine):
+    """FSDPEngine without an optimizer, exposing `compute_logp`."""
+
+    def __init__(self, config: TrainEngineConfig, build_model=load_causal_lm):
+        super().__init__(dataclasses.replace(config, optimizer=None), None, build_model)
+
+    @torch.no_grad()
+    def compute_logp(self, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+        """Token-aligned logprobs [B, T] under the reference weights (same convention as the actor's)."""
+        return batch_token_logprobs(self, batch, temperature)
