@@ -88,6 +88,10 @@ def _check_gae_inputs(
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point():
         raise ValueError(f"gae_packed: cu_seqlens must be an integer tensor [B+1], got dtype "
                          f"{cu_seqlens.dtype} shape {tuple(cu_seqlens.shape)}")
+    devices = {t.device for t in (rewards, values, loss_mask, cu_seqlens)}
+    if len(devices) > 1:
+        raise ValueError(f"gae_packed: rewards, values, loss_mask, cu_seqlens are on different devices "
+                         f"{sorted(map(str, devices))}; move them to one device")
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gae_packed: gamma={gamma} and lam={lam} must both lie in [0, 1]")
     if check_cu_seqlens:

@@ -140,6 +140,20 @@ def test_gae_empty_batch(path):
         assert got_adv.shape == (0,) and got_ret.shape == (0,)
 
 
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_gae_bfloat16_inputs_compute_in_float32(path):
+    if path == "triton" and not adv.triton_available():
+        pytest.skip("triton is not installed")
+    rewards, values, mask, cu = random_packed_batch(seed=9, n_seqs=3, max_len=200)
+    rewards, values = rewards.bfloat16(), values.bfloat16()
+    fn = adv.gae_packed_torch if path == "torch" else adv.gae_packed_triton
+    got_adv, got_ret = fn(rewards, values, mask, cu, 0.99, 0.95)
+    want_adv, want_ret = naive_gae(rewards.double(), values.double(), mask, cu, 0.99, 0.95)
+    assert got_adv.dtype == torch.float32 and got_ret.dtype == torch.float32
+    torch.testing.assert_close(got_adv.double(), want_adv, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got_ret.double(), want_ret, rtol=1e-5, atol=1e-4)
+
+
 def test_gae_masked_tokens_are_transparent():
     # Two model turns separated by environment tokens: the env tokens change nothing.
     r = torch.tensor([0.0, 0.0, 5.0, 7.0, 0.0, 1.0])
