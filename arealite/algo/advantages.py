@@ -14,7 +14,7 @@ GAE with a loss mask (multi-turn). Within each sequence, walk backward keeping a
   - loss_mask[t] == 0:  advantages[t] = 0, returns[t] = V_t, carry unchanged; r_t is ignored.
 So tokens outside the loss mask (prompt, environment/tool output between model turns) are
 transparent: a model token's TD target is the value of the next *model* token, and the
-discount counts model tokens only. This is verl's multi-turn GAE, made exact per sequence.
+discount counts model tokens only (the recurrence of verl's multi-turn GAE loop).
 Put each reward on a loss-masked token (usually the last generated one).
 
 Deliberately left out: KL-in-reward shaping (that is a loss concern, see `losses.py`), and

@@ -244,6 +244,13 @@ def test_gae_triton_matches_naive_loop(gamma, lam):
 
 
 @triton_only
+def test_gae_triton_rejects_odd_tiles():
+    x = torch.zeros(4)
+    with pytest.raises(ValueError, match="block=96 must be a power of two"):
+        adv.gae_packed_triton(x, x, x, torch.tensor([0, 4]), 1.0, 1.0, block=96)
+
+
+@triton_only
 def test_gae_triton_float64_default_tile_with_empty_sequence():
     rewards, values, mask, cu = random_packed_batch(seed=11, n_seqs=6, max_len=300, dtype=torch.float64, empty=True)
     got_adv, got_ret = adv.gae_packed_triton(rewards, values, mask.float(), cu.long(), 0.99, 0.95)
