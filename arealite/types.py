@@ -57,3 +57,7 @@ class WeightUpdateMeta:
     master_port: int = 0
     group_name: str = "arealite_weight_update"
     weight_chunk_mb: int = 256
+    backend: str = "gloo"  # distributed: process-group backend the servers join with (gloo | nccl)
+    # distributed: the trainer's broadcast buckets in order, each a list of (name, dtype, shape);
+    # the client sends one /update_weights_from_distributed call per bucket
+    buckets: list[list[tuple[str, str, list[int]]]] = field(default_factory=list)

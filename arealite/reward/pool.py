@@ -1,0 +1,113 @@
+"""Reward functions run in a process pool, with a timeout.
+
+math-verify (and other checkers) use `signal.alarm`, which only works in a process's main
+thread, and a pathological answer can make a checker hang. So rewards run in worker
+processes ("spawn": safe next to the rollout threads), and each call gets a deadline: a call
+that overruns raises RewardTimeout and its pool is replaced (killing the stuck worker).
+A reward function that raises surfaces as RewardError. Callers count both and decide;
+neither is ever turned into a 0 here.
+
+A reward function must be picklable: a module-level function, not a lambda or closure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import multiprocessing
+import os
+import pickle
+import threading
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+
+class RewardError(RuntimeError):
+    """The reward function raised (the cause is chained)."""
+
+
+class RewardTimeout(RewardError):
+    """The reward function did not return within the pool's timeout."""
+
+
+def _call(fn: Callable[..., float], args: tuple, kwargs: dict[str, Any]) -> float:
+    return float(fn(*args, **kwargs))
+
+
+def _worker_init() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # a reward never needs torch threads
+
+
+def check_picklable(fn: Callable[..., float]) -> None:
+    """Fail early, naming the fix, if `fn` cannot be sent to a worker process."""
+    try:
+        pickle.dumps(fn)
+    except Exception as e:
+        raise TypeError(
+            f"reward function {fn!r} cannot be sent to a worker process ({e}); define it at module level"
+        ) from e
+
+
+class RewardPool:
+    """A lazily started pool of `max_workers` processes that score with a per-call timeout."""
+
+    def __init__(self, max_workers: int = 2, timeout: float = 15.0) -> None:
+        if max_workers < 1:
+            raise ValueError(f"RewardPool(max_workers={max_workers}) needs at least one worker")
+        if timeout <= 0:
+            raise ValueError(f"RewardPool(timeout={timeout}) must be > 0 seconds")
+        self.max_workers = max_workers
+        self.timeout = timeout
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ProcessPoolExecutor(
+                    self.max_workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init
+                )
+            return self._pool
+
+    def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
+        """Kill a pool with a stuck worker; the next call starts a fresh one."""
+        with self._lock:
+            if self._pool is not broken:
+                return
+            self._pool = None
+        for process in list(getattr(broken, "_processes", {}).values()):  # no public kill in 3.11
+            process.kill()
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    async def ascore(self, fn: Callable[..., float], *args: Any, **kwargs: Any) -> float:
+        """`fn(*args, **kwargs)` in a worker. Raises RewardTimeout or RewardError."""
+        for attempt in range(2):  # a call caught in a pool replaced for another's timeout is retried once
+            pool = self._executor()
+            try:
+                future = pool.submit(_call, fn, args, kwargs)
+            except (BrokenProcessPool, RuntimeError):
+                self._replace(pool)
+                continue
+            try:
+                return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout)
+            except asyncio.TimeoutError:
+                self._replace(pool)
+                raise RewardTimeout(f"reward {getattr(fn, '__name__', fn)} took longer than {self.timeout}s") from None
+            except BrokenProcessPool:
+                self._replace(pool)
+                if attempt == 1:
+                    raise RewardError(f"reward worker process died running {getattr(fn, '__name__', fn)}") from None
+            except Exception as e:
+                raise RewardError(f"reward {getattr(fn, '__name__', fn)} raised {type(e).__name__}: {e}") from e
+        raise RewardError(f"reward pool could not run {getattr(fn, '__name__', fn)}")
+
+    def score(self, fn: Callable[..., float], *args: Any, **kwargs: Any) -> float:
+        """Blocking `ascore`, for use outside an event loop."""
+        return asyncio.run(self.ascore(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,138 @@
+"""SGLang's native /generate protocol: building request bodies and parsing replies.
+
+Pure functions, tolerant of the differences between SGLang 0.5.5 and 0.5.23 listed in
+docs SGLANG_PROTOCOL.md §7: token ids come from `meta_info.output_token_logprobs` when the
+top-level `output_ids` is absent, every `meta_info` key except `id` and `finish_reason` is
+optional, unknown keys are ignored, and no `null` value is ever sent.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from arealite.config import GenerationHyperparameters
+
+# The only finish types that end a request; "abort" without an error status means "interrupted".
+FINAL_STOP_REASONS = ("stop", "length")
+
+
+@dataclass
+class GenerateChunk:
+    """What one /generate call returned (one segment of a possibly interrupted request)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finish_type: str  # stop | length | abort
+    server_version: int | None  # weight version reported by the server, if it is an integer
+    version_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (version, start, end)
+    error_status: int | None = None  # an abort carrying an error status (>= 400)
+    message: str = ""
+
+
+def generate_body(
+    input_ids: list[int],
+    gconfig: GenerationHyperparameters,
+    max_new_tokens: int,
+) -> dict[str, Any]:
+    """The JSON body for one non-streamed /generate call with logprobs."""
+    params = gconfig.sampling_params()
+    params["max_new_tokens"] = int(max_new_tokens)
+    if params.get("min_new_tokens", 0) > max_new_tokens:
+        params["min_new_tokens"] = int(max_new_tokens)
+    body = {
+        "input_ids": [int(t) for t in input_ids],  # 0.5.22+ rejects floats
+        "sampling_params": {k: v for k, v in params.items() if v is not None},
+        "return_logprob": True,
+        "stream": False,
+    }
+    return body
+
+
+def clamp_max_new_tokens(budget: int, prompt_len: int, context_length: int | None) -> int:
+    """SGLang rejects prompt + max_new_tokens beyond the context (§1.5); clamp instead."""
+    if context_length is None:
+        return budget
+    return max(0, min(budget, context_length - prompt_len - 1))
+
+
+def _as_int_version(value: Any) -> int | None:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _logprob(value: Any) -> float:
+    # orjson writes -inf as null (§1.6)
+    return -math.inf if value is None else float(value)
+
+
+def parse_generate_reply(reply: Any) -> GenerateChunk:
+    """Parse a non-streamed /generate reply (a dict; a one-item list is unwrapped).
+
+    Raises ValueError when a required key is missing, naming it.
+    """
+    if isinstance(reply, list):
+        if len(reply) != 1:
+            raise ValueError(f"expected one /generate result, got a list of {len(reply)}")
+        reply = reply[0]
+    if not isinstance(reply, dict) or not isinstance(reply.get("meta_info"), dict):
+        raise ValueError("/generate reply has no 'meta_info' object")
+    meta = reply["meta_info"]
+    finish = meta.get("finish_reason") or {}
+    finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
+    if finish_type not in ("stop", "length", "abort"):
+        raise ValueError(f"/generate reply has unknown finish_reason {finish!r}")
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        raise ValueError("/generate reply has no meta_info.output_token_logprobs; send return_logprob=true")
+    logprobs = [_logprob(t[0]) for t in triples]
+    tokens = reply.get("output_ids")
+    if tokens is None:  # <= 0.4.10 omits output_ids (§7)
+        tokens = [int(t[1]) for t in triples]
+    tokens = [int(t) for t in tokens]
+    if len(tokens) != len(logprobs):
+        raise ValueError(f"/generate reply has {len(tokens)} output_ids but {len(logprobs)} logprobs")
+    spans = []
+    for span in meta.get("weight_versions") or []:  # 0.5.20+
+        v = _as_int_version(span.get("version")) if isinstance(span, dict) else None
+        if v is not None:
+            spans.append((v, int(span.get("start", 0)), int(span.get("end", len(tokens)))))
+    status = finish.get("status_code") if isinstance(finish, dict) else None
+    return GenerateChunk(
+        tokens=tokens,
+        logprobs=logprobs,
+        finish_type=finish_type,
+        server_version=_as_int_version(meta.get("weight_version")),
+        version_spans=spans,
+        error_status=int(status) if finish_type == "abort" and status is not None and int(status) >= 400 else None,
+        message=str(finish.get("message", "")) if isinstance(finish, dict) else "",
+    )
+
+
+def token_versions(chunk: GenerateChunk, fallback: int) -> list[int]:
+    """The weight version of each token in `chunk`: the server's spans when given, else the
+    server's reported version when it is an integer, else the client's `fallback`."""
+    base = chunk.server_version if chunk.server_version is not None else fallback
+    versions = [base] * len(chunk.tokens)
+    for v, start, end in chunk.version_spans:
+        for i in range(max(0, start), min(end, len(versions))):
+            versions[i] = v
+    return versions
+
+
+def error_message(body: Any) -> str:
+    """A short error text from any of SGLang's error envelopes (§6)."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message", err))[:500]
+        if err is not None:
+            return str(err)[:500]
+        if "message" in body:
+            return str(body["message"])[:500]
+        if "detail" in body:
+            return str(body["detail"])[:500]
+    return str(body)[:500]

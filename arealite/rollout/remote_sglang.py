@@ -1,0 +1,378 @@
+"""`RemoteSGLangEngine`: the rollout client for servers speaking SGLang's native HTTP protocol.
+
+It runs an event loop in a background thread (one aiohttp session for every request) and
+offers:
+- `agenerate(req)`: one sample, surviving interruptions (an `abort` reply has its partial
+  output appended to the prompt and is resubmitted with the remaining budget) and server
+  failures (retries with backoff; a server that fails its health check leaves the rotation
+  and the request moves elsewhere). Every output token carries the weight version that
+  produced it.
+- `submit / wait / rollout_batch / prepare_batch`: workflows run by a `WorkflowExecutor`
+  under the staleness bound (see executor.py).
+- `pause / resume / update_weights / init_weights_update_group / set_version`: the server
+  side of a weight sync.
+
+Works against the built-in server and real SGLang 0.5.5-0.5.23 (SGLANG_PROTOCOL.md §7).
+It deliberately does not stream, send `rid`s, or use `n > 1` (§1.4: n>1 reassigns rids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from arealite.config import InferenceEngineConfig
+from arealite.rollout import protocol
+from arealite.rollout.errors import GenerationError, RolloutError, ServerUnavailable, TransientServerError
+from arealite.rollout.executor import WorkflowExecutor
+from arealite.rollout.loop import EventLoopThread
+from arealite.rollout.servers import ServerPool
+from arealite.rollout.transport import make_session, request
+from arealite.rollout.weight_update import WeightUpdater
+from arealite.types import ModelRequest, ModelResponse, WeightUpdateMeta
+
+logger = logging.getLogger(__name__)
+
+ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
+_MAX_BACKOFF = 5.0  # seconds, the cap of the exponential backoff between retries
+
+
+def addresses_from_env() -> list[str]:
+    """Server addresses from AREAL_LLM_SERVER_ADDRS (comma-separated host:port)."""
+    raw = os.environ.get(ADDRS_ENV, "")
+    return [a.strip() for a in raw.split(",") if a.strip()]
+
+
+def _check_address(address: str) -> str:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"server address {address!r} is not host:port (e.g. 127.0.0.1:30000)")
+    return address
+
+
+class RemoteSGLangEngine:
+    """Client of a fleet of SGLang-protocol inference servers. See the module docstring."""
+
+    def __init__(self, config: InferenceEngineConfig, addresses: list[str] | None = None) -> None:
+        addresses = addresses_from_env() if addresses is None else list(addresses)
+        self.config = config
+        self.pool = ServerPool([_check_address(a) for a in addresses])
+        self._loop = EventLoopThread()
+        self._session: Any = None
+        self._version = 0
+        self._version_lock = threading.Lock()
+        self._paused = False
+        self._unpaused: asyncio.Event | None = None
+        self._context_length: dict[str, int | None] = {}
+        self._probe_task: asyncio.Task | None = None
+        self.executor = WorkflowExecutor(config, self)
+        self.weights = WeightUpdater(self)
+        # counters for the stats logger
+        self.stats: dict[str, int] = {"requests": 0, "interruptions": 0, "retries": 0, "failovers": 0}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def initialize(self) -> None:
+        """Start the event loop thread and wait until every server answers /health."""
+        self._loop.start()
+        try:
+            self._loop.run(self._ainitialize())
+        except BaseException:
+            self.destroy()
+            raise
+
+    async def _ainitialize(self) -> None:
+        self._session = make_session()
+        self._unpaused = asyncio.Event()
+        self._unpaused.set()
+        deadline = time.monotonic() + self.config.setup_timeout
+        waiting = list(self.pool.addresses)
+        while waiting:
+            results = await asyncio.gather(*(self._probe(a) for a in waiting))
+            waiting = [a for a, ok in zip(waiting, results) if not ok]
+            if waiting and time.monotonic() > deadline:
+                raise ServerUnavailable(
+                    f"servers {waiting} did not answer /health within setup_timeout="
+                    f"{self.config.setup_timeout}s; check their logs or raise rollout.setup_timeout"
+                )
+            if waiting:
+                await asyncio.sleep(0.5)
+        for address in self.pool.addresses:
+            self._context_length[address] = await self._fetch_context_length(address)
+        self._probe_task = asyncio.get_running_loop().create_task(self._probe_down_servers())
+
+    def destroy(self) -> None:
+        """Cancel running workflows, close the HTTP session and stop the loop thread."""
+        if not self._loop.running:
+            return
+        try:
+            self._loop.run(self._adestroy(), timeout=30)
+        finally:
+            self._loop.stop()
+
+    async def _adestroy(self) -> None:
+        await self.executor.acancel_all()
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def loop(self) -> EventLoopThread:
+        return self._loop
+
+    # ---- versions and pausing -------------------------------------------------------------
+
+    def set_version(self, version: int) -> None:
+        """Set the client's weight version (the trainer bumps it after each weight sync)."""
+        with self._version_lock:
+            self._version = int(version)
+        if self._loop.running:
+            self._loop.call_soon(self.executor.schedule)
+
+    def get_version(self) -> int:
+        with self._version_lock:
+            return self._version
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def pause(self) -> None:
+        """Stop starting new workflows and interrupt generation on every server.
+
+        In-flight requests come back as `abort` with partial output; their resubmissions wait
+        client-side until `resume()`.
+        """
+        self._loop.run(self._apause())
+
+    async def _apause(self) -> None:
+        self._paused = True
+        assert self._unpaused is not None
+        self._unpaused.clear()
+        await self._post_all("/pause_generation", {})  # a JSON body: required from 0.5.6 (§2.1)
+        if self.config.pause_grace_period > 0:
+            await asyncio.sleep(self.config.pause_grace_period)
+
+    def resume(self) -> None:
+        """Let the servers and the client generate again."""
+        self._loop.run(self._aresume())
+
+    async def _aresume(self) -> None:
+        await self._post_all("/continue_generation", {})
+        self._paused = False
+        assert self._unpaused is not None
+        self._unpaused.set()
+        self.executor.schedule()
+
+    async def _post_all(self, path: str, body: dict[str, Any]) -> None:
+        """POST to every server in rotation; a server that cannot be reached leaves it."""
+
+        async def one(address: str) -> None:
+            try:
+                status, reply = await request(self._session, "POST", address, path, body, self.config.request_timeout)
+            except TransientServerError as e:
+                logger.warning("%s; taking %s out of rotation", e, address)
+                self.pool.mark_down(address)
+                return
+            if status != 200:
+                raise RolloutError(f"POST {path} returned {status}: {protocol.error_message(reply)}", address)
+
+        await asyncio.gather(*(one(a) for a in self.pool.healthy))
+
+    # ---- weight updates -------------------------------------------------------------------
+
+    def update_weights(self, meta: WeightUpdateMeta) -> concurrent.futures.Future:
+        """Load new weights on every server (non-blocking; `.result()` raises WeightUpdateError).
+
+        disk: /update_weights_from_disk with `meta.path`; distributed: one
+        /update_weights_from_distributed per bucket in `meta.buckets`, while the trainer's
+        rank 0 broadcasts the same tensors. The servers report `meta.version` afterwards.
+        """
+        return self._loop.submit(self.weights.aupdate(meta))
+
+    def init_weights_update_group(self, meta: WeightUpdateMeta) -> concurrent.futures.Future:
+        """Have server i join the trainer's process group as rank 1 + i (non-blocking)."""
+        return self._loop.submit(self.weights.ainit_group(meta))
+
+    # ---- generation -----------------------------------------------------------------------
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """Generate one sample for `req`, resubmitting after interruptions and failures."""
+        if not self._loop.in_loop():  # called from another loop: run on ours, await from theirs
+            return await asyncio.wrap_future(self._loop.submit(self._agenerate(req)))
+        return await self._agenerate(req)
+
+    async def _agenerate(self, req: ModelRequest) -> ModelResponse:
+        if not req.input_ids:
+            raise ValueError(f"request {req.rid} has an empty prompt; input_ids must hold at least one token")
+        budget = req.gconfig.max_new_tokens
+        group = req.group_id or req.rid
+        resp = ModelResponse(input_tokens=list(req.input_ids))
+        started = time.monotonic()
+        failures = 0
+        self.stats["requests"] += 1
+        while True:
+            remaining = budget - resp.output_len
+            assert self._unpaused is not None
+            await self._unpaused.wait()  # resubmissions wait out a weight update client-side
+            address = await self._pick(group, remaining, req.rid)
+            prompt = resp.input_tokens + resp.output_tokens
+            now_budget = protocol.clamp_max_new_tokens(remaining, len(prompt), self._context_length.get(address))
+            if now_budget <= 0:
+                self.pool.release(address, remaining)
+                if resp.output_len == 0:
+                    raise GenerationError(
+                        f"prompt of {len(prompt)} tokens leaves no room in the server's context length "
+                        f"{self._context_length.get(address)}; filter long prompts (dataset.max_prompt_tokens)",
+                        address,
+                        req.rid,
+                    )
+                resp.stop_reason = "length"  # the context is full
+                break
+            try:
+                chunk = await self._generate_once(address, prompt, req, now_budget)
+            except TransientServerError as e:
+                failures = await self._after_failure(address, e, failures)
+                continue
+            finally:
+                self.pool.release(address, remaining)
+            resp.output_tokens += chunk.tokens
+            resp.output_logprobs += chunk.logprobs
+            resp.output_versions += protocol.token_versions(chunk, self.get_version())
+            resp.server = address
+            if chunk.finish_type != "abort":
+                resp.stop_reason = chunk.finish_type
+                break
+            resp.n_interruptions += 1
+            self.stats["interruptions"] += 1
+            if resp.output_len >= budget:  # interrupted exactly at the end of the budget
+                resp.stop_reason = "length"
+                break
+            if not chunk.tokens:
+                await asyncio.sleep(0.05)  # aborted while queued: don't spin
+        resp.latency = time.monotonic() - started
+        return resp
+
+    async def _generate_once(
+        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int
+    ) -> protocol.GenerateChunk:
+        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens)
+        status, reply = await request(
+            self._session, "POST", address, "/generate", body, self.config.request_timeout, req.rid
+        )
+        if status != 200:
+            raise GenerationError(f"/generate returned {status}: {protocol.error_message(reply)}", address, req.rid)
+        try:
+            chunk = protocol.parse_generate_reply(reply)
+        except ValueError as e:
+            raise GenerationError(f"malformed /generate reply: {e}", address, req.rid) from e
+        if chunk.error_status is not None:
+            raise GenerationError(f"/generate aborted with status {chunk.error_status}: {chunk.message}", address, req.rid)
+        if len(chunk.tokens) > max_new_tokens:
+            raise GenerationError(f"server returned {len(chunk.tokens)} tokens for max_new_tokens={max_new_tokens}", address, req.rid)
+        return chunk
+
+    async def _pick(self, group: str, work: int, rid: str) -> str:
+        """A server for `group`, waiting up to setup_timeout for one to come back if all are down."""
+        deadline = time.monotonic() + self.config.setup_timeout
+        while True:
+            address = self.pool.pick(group, work)
+            if address is not None:
+                return address
+            if time.monotonic() > deadline:
+                raise ServerUnavailable(
+                    f"no server in rotation for {self.config.setup_timeout}s (all of {self.pool.addresses} are down)",
+                    rid=rid,
+                )
+            await asyncio.sleep(min(0.5, self.config.health_check_interval))
+
+    async def _after_failure(self, address: str, error: TransientServerError, failures: int) -> int:
+        """Decide what a failed call means: a dead server leaves the rotation (the request moves
+        on without using a retry); a live one is retried with exponential backoff."""
+        if self.pool.is_healthy(address) and not await self._probe(address):
+            logger.warning("server %s failed its health check after %s; taking it out of rotation", address, error)
+            self.pool.mark_down(address)
+            self.stats["failovers"] += 1
+            return failures
+        if not self.pool.is_healthy(address):  # another request already took it out
+            return failures
+        failures += 1
+        if failures > self.config.request_retries:
+            raise ServerUnavailable(
+                f"gave up after {failures} failed attempts (rollout.request_retries={self.config.request_retries}): {error}",
+                address,
+                error.rid,
+            ) from error
+        self.stats["retries"] += 1
+        await asyncio.sleep(min(_MAX_BACKOFF, 0.2 * 2 ** (failures - 1)))
+        return failures
+
+    # ---- health ---------------------------------------------------------------------------
+
+    async def _probe(self, address: str) -> bool:
+        try:
+            status, _ = await request(self._session, "GET", address, "/health", None, self.config.health_check_timeout)
+        except TransientServerError:
+            return False
+        return status == 200
+
+    async def _fetch_context_length(self, address: str) -> int | None:
+        """The server's context length, from /v1/models (max_model_len) or /get_server_info."""
+        for path, read in (
+            ("/v1/models", lambda r: r["data"][0]["max_model_len"]),
+            ("/get_server_info", lambda r: r["context_length"]),
+        ):
+            try:
+                status, reply = await request(self._session, "GET", address, path, None, self.config.health_check_timeout)
+                if status == 200 and read(reply) is not None:
+                    return int(read(reply))
+            except (TransientServerError, KeyError, IndexError, TypeError, ValueError):
+                continue
+        return None
+
+    async def _probe_down_servers(self) -> None:
+        """Bring servers back into rotation once they answer /health (and hold current weights)."""
+        while True:
+            await asyncio.sleep(self.config.health_check_interval)
+            for address in self.pool.down:
+                if not await self._probe(address):
+                    continue
+                try:
+                    await self.weights.aresync(address)
+                except RolloutError as e:
+                    logger.warning("server %s is back but could not be given current weights: %s", address, e)
+                    continue
+                self._context_length[address] = await self._fetch_context_length(address)
+                logger.info("server %s is healthy again; back in rotation", address)
+                self.pool.mark_up(address)
+
+    # ---- workflows (delegated to the executor) -------------------------------------------
+
+    def submit(self, data: dict[str, Any], workflow: Any, should_accept: Callable[[dict], bool] | None = None) -> None:
+        """Queue one episode of `workflow` on `data`; it starts when the staleness bound allows."""
+        self.executor.submit(data, workflow, should_accept)
+
+    def wait(self, count: int, timeout: float | None = None) -> dict[str, torch.Tensor]:
+        """Block until `count` accepted trajectories are ready; return them as one padded batch."""
+        return self.executor.wait(count, timeout)
+
+    def rollout_batch(
+        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[dict], bool] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """Run `workflow` on every item of `data` now and return their trajectories in order."""
+        return self.executor.rollout_batch(data, workflow, should_accept)
+
+    def prepare_batch(
+        self, dataloader: Any, workflow: Any, should_accept: Callable[[dict], bool] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The next training batch, generated asynchronously within the staleness bound."""
+        return self.executor.prepare_batch(dataloader, workflow, should_accept)

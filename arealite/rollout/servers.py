@@ -1,0 +1,77 @@
+"""Server rotation for the rollout client: health, load and group affinity.
+
+All samples of a group go to one server so its prompt prefix is computed once (prefix
+cache); new groups go to the healthy server with the least outstanding work (tokens of
+generation budget in flight). A server that fails is taken out of rotation and its groups
+are re-routed; the client probes it and it rejoins when healthy.
+
+Used only from the rollout event loop, so it needs no locks.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+_MAX_AFFINITIES = 100_000  # groups remembered for routing; the oldest are forgotten first
+
+
+class ServerPool:
+    """Which servers are in rotation, how busy each is, and which server each group uses."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        if not addresses:
+            raise ValueError(
+                "no inference server addresses; pass addresses=['host:port', ...] or set "
+                "AREAL_LLM_SERVER_ADDRS=host:port,host:port"
+            )
+        self.addresses = list(addresses)
+        self._healthy = set(self.addresses)
+        self._outstanding = {a: 0 for a in self.addresses}
+        self._affinity: OrderedDict[str, str] = OrderedDict()
+        self._tiebreak = itertools.count()
+
+    @property
+    def healthy(self) -> list[str]:
+        return [a for a in self.addresses if a in self._healthy]
+
+    @property
+    def down(self) -> list[str]:
+        return [a for a in self.addresses if a not in self._healthy]
+
+    def is_healthy(self, address: str) -> bool:
+        return address in self._healthy
+
+    def outstanding(self, address: str) -> int:
+        return self._outstanding[address]
+
+    def pick(self, group: str, work: int) -> str | None:
+        """Reserve `work` on the server for `group` (sticky), or None if none is healthy."""
+        address = self._affinity.get(group)
+        if address is None or address not in self._healthy:
+            if not self._healthy:
+                return None
+            start = next(self._tiebreak)  # rotate ties so equal servers share new groups
+            order = self.addresses[start % len(self.addresses) :] + self.addresses[: start % len(self.addresses)]
+            address = min((a for a in order if a in self._healthy), key=lambda a: self._outstanding[a])
+            self._affinity[group] = address
+        self._affinity.move_to_end(group)
+        while len(self._affinity) > _MAX_AFFINITIES:
+            self._affinity.popitem(last=False)
+        self._outstanding[address] += work
+        return address
+
+    def release(self, address: str, work: int) -> None:
+        self._outstanding[address] -= work
+
+    def forget(self, group: str) -> None:
+        self._affinity.pop(group, None)
+
+    def mark_down(self, address: str) -> None:
+        """Take `address` out of rotation; its groups are routed elsewhere on their next call."""
+        self._healthy.discard(address)
+        for group in [g for g, a in self._affinity.items() if a == address]:
+            del self._affinity[group]
+
+    def mark_up(self, address: str) -> None:
+        self._healthy.add(address)

@@ -1,0 +1,112 @@
+"""Request bodies and reply parsing across the SGLang versions the client must tolerate."""
+
+import math
+
+import pytest
+
+from arealite.config import GenerationHyperparameters
+from arealite.rollout.protocol import (
+    clamp_max_new_tokens,
+    error_message,
+    generate_body,
+    parse_generate_reply,
+    token_versions,
+)
+
+
+def _walk(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _walk(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _walk(v)
+    else:
+        yield value
+
+
+def test_body_has_no_nulls_and_int_tokens():
+    g = GenerationHyperparameters(max_new_tokens=32, min_new_tokens=8)
+    body = generate_body([1.0, 2, 3], g, 4)  # type: ignore[list-item]
+    assert body["input_ids"] == [1, 2, 3] and all(type(t) is int for t in body["input_ids"])
+    assert body["sampling_params"]["max_new_tokens"] == 4
+    assert body["sampling_params"]["min_new_tokens"] == 4  # never above the remaining budget
+    assert body["return_logprob"] is True and body["stream"] is False
+    assert None not in list(_walk(body))
+    assert "rid" not in body
+
+
+def test_clamp_to_context():
+    assert clamp_max_new_tokens(100, 10, None) == 100
+    assert clamp_max_new_tokens(100, 10, 64) == 53
+    assert clamp_max_new_tokens(5, 10, 64) == 5
+    assert clamp_max_new_tokens(5, 70, 64) == 0
+
+
+def test_parse_0_5_23_style_reply_with_output_ids():
+    reply = {
+        "text": "hi",
+        "output_ids": [5, 6, 7],
+        "meta_info": {
+            "id": "abc",
+            "finish_reason": {"type": "stop", "matched": 7},
+            "weight_version": "3",
+            "output_token_logprobs": [[-0.1, 5, None], [None, 6, None], [-0.3, 7, None]],
+            "num_retractions": 0,
+            "some_future_key": {"x": 1},
+        },
+    }
+    chunk = parse_generate_reply(reply)
+    assert chunk.tokens == [5, 6, 7]
+    assert chunk.logprobs[0] == -0.1 and chunk.logprobs[1] == -math.inf
+    assert chunk.finish_type == "stop" and chunk.server_version == 3
+    assert token_versions(chunk, fallback=0) == [3, 3, 3]
+
+
+def test_parse_old_reply_without_output_ids_and_default_version():
+    reply = {"text": "x", "meta_info": {"id": "a", "finish_reason": {"type": "length", "length": 2},
+                                        "output_token_logprobs": [[-1.0, 11, None], [-2.0, 12, None]]}}
+    chunk = parse_generate_reply(reply)
+    assert chunk.tokens == [11, 12] and chunk.server_version is None
+    assert token_versions(chunk, fallback=9) == [9, 9]
+
+
+def test_parse_weight_version_spans():
+    reply = {"output_ids": [1, 2, 3, 4], "meta_info": {
+        "id": "a", "finish_reason": {"type": "length"}, "weight_version": "2",
+        "weight_versions": [{"version": "1", "start": 0, "end": 2}, {"version": "2", "start": 2, "end": 4}],
+        "output_token_logprobs": [[-1.0, t, None] for t in (1, 2, 3, 4)]}}
+    assert token_versions(parse_generate_reply(reply), fallback=0) == [1, 1, 2, 2]
+
+
+def test_parse_aborts():
+    queued = {"meta_info": {"id": "a", "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+                            "completion_tokens": 0, "output_token_logprobs": []}}
+    chunk = parse_generate_reply(queued)
+    assert chunk.finish_type == "abort" and chunk.tokens == [] and chunk.error_status is None
+    failed = {"meta_info": {"id": "a", "finish_reason": {"type": "abort", "message": "too long", "status_code": 400},
+                            "output_token_logprobs": []}}
+    assert parse_generate_reply(failed).error_status == 400
+
+
+@pytest.mark.parametrize(
+    "reply, match",
+    [
+        ({"text": "x"}, "meta_info"),
+        ({"meta_info": {"finish_reason": {"type": "weird"}, "output_token_logprobs": []}}, "finish_reason"),
+        ({"meta_info": {"finish_reason": {"type": "stop"}}}, "return_logprob"),
+        ({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[0.0, 1, None]]}}, "2 output_ids but 1"),
+        ([{}, {}], "list of 2"),
+    ],
+)
+def test_malformed_replies_are_named(reply, match):
+    with pytest.raises(ValueError, match=match):
+        parse_generate_reply(reply)
+
+
+def test_error_message_envelopes():
+    assert error_message({"error": {"message": "too long"}}) == "too long"
+    assert error_message({"error": "unknown field `foo`"}) == "unknown field `foo`"
+    assert error_message({"object": "error", "message": "bad", "code": 400}) == "bad"
+    assert error_message({"success": False, "message": "no weights"}) == "no weights"
+    assert error_message("Internal Server Error") == "Internal Server Error"
