@@ -97,7 +97,10 @@ class FSDPEngine:
         model = self._build_model(config.path, _attn_implementation())
         self.hf_config = model.config
         if config.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._model = self._shard(model)
         if config.optimizer is not None:
             opt = config.optimizer
