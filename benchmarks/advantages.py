@@ -113,7 +113,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--gamma", type=float, default=1.0)
     ap.add_argument("--lam", type=float, default=0.95)
-    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--repeats", type=int, default=15)
     # One thread by default: on a shared machine a multi-threaded op stalls whenever one of its
     # workers is descheduled, which swamps the figures. Both paths get the same count.
     ap.add_argument("--threads", type=int, default=1)
