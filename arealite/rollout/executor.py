@@ -233,15 +233,18 @@ class WorkflowExecutor:
         if dataloader is not self._dataloader:
             self._dataloader, self._data_iter = dataloader, iter(dataloader)
         while True:
-            with self._lock:
-                short = len(self._queued) < self.batch_size
-            if short:
+            while self._wants_data():
                 for record in self._next_records():
                     self.submit(record, workflow, should_accept)
             try:
                 return self.wait(self.batch_size, timeout=_WAIT_SLICE)
             except TimeoutError:
                 continue
+
+    def _wants_data(self) -> bool:
+        """Whether the queue holds less than what may start now plus one batch in reserve."""
+        with self._lock:
+            return len(self._queued) < max(0, self._capacity()) + (self.batch_size or 1)
 
     def _next_records(self) -> list[dict[str, Any]]:
         try:

@@ -1,0 +1,75 @@
+"""Fault tolerance: a server killed mid-batch leaves the rotation, its groups finish on the
+others (every group intact, no duplicates), and once restarted it rejoins the rotation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+from transformers import AutoTokenizer
+
+from arealite.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.reward.math import gsm8k_reward_fn
+from arealite.rollout import RemoteSGLangEngine
+from arealite.types import ModelRequest
+from arealite.workflow import RLVRWorkflow
+
+from .conftest import BuiltinServer, start_servers
+
+pytestmark = pytest.mark.timeout(300)
+GROUP = 3
+
+
+def test_killed_server_fails_over_and_rejoins(tiny_model_dir, tmp_path):
+    servers = start_servers(tiny_model_dir, tmp_path, 3)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    records = [{"id": f"r{i}", "prompt": f"Problem {i}: add {i} and {i}.", "answer": str(2 * i)} for i in range(6)]
+    workflow = RLVRWorkflow(gsm8k_reward_fn, GenerationHyperparameters(group_size=GROUP, max_new_tokens=200), tokenizer)
+    config = InferenceEngineConfig(setup_timeout=60, request_timeout=60, health_check_interval=0.5, health_check_timeout=2)
+    engine = RemoteSGLangEngine(config, [s.address for s in servers])
+    restarted = None
+    try:
+        engine.initialize()
+        result: dict = {}
+        worker = threading.Thread(target=lambda: result.update(batch=engine.rollout_batch(records, workflow)))
+        worker.start()
+        deadline = time.monotonic() + 60
+        victim = None
+        while victim is None and time.monotonic() < deadline:  # kill a server that holds groups
+            busy = [s for s in servers if engine.pool.outstanding(s.address) > 0]
+            victim = busy[0] if busy else None
+            time.sleep(0.05)
+        assert victim is not None, "no server ever received work"
+        time.sleep(0.3)
+        victim.kill()
+        worker.join(timeout=200)
+        batch = result["batch"]
+        assert engine.pool.down == [victim.address]
+        assert engine.stats["failovers"] >= 1
+
+        assert batch["input_ids"].shape[0] == len(records) * GROUP
+        for g, record in enumerate(records):  # every group complete, in its own rows
+            ids = tokenizer.encode(record["prompt"], add_special_tokens=False)
+            for row in range(g * GROUP, (g + 1) * GROUP):
+                assert batch["input_ids"][row, : len(ids)].tolist() == ids
+        assert (batch["loss_mask"].sum(1) >= 1).all()
+
+        restarted = BuiltinServer(tiny_model_dir, tmp_path, port=victim.port)
+        restarted.wait_healthy()
+        deadline = time.monotonic() + 30
+        while victim.address not in engine.pool.healthy and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert victim.address in engine.pool.healthy, "restarted server did not rejoin the rotation"
+
+        async def spread() -> set[str]:
+            gconfig = GenerationHyperparameters(max_new_tokens=4)
+            reqs = [ModelRequest(input_ids=[7, 8, 9], gconfig=gconfig, group_id=f"after-{i}") for i in range(9)]
+            return {r.server for r in await asyncio.gather(*(engine.agenerate(q) for q in reqs))}
+
+        assert victim.address in asyncio.run(spread())
+    finally:
+        engine.destroy()
+        for s in servers + ([restarted] if restarted else []):
+            s.stop()
