@@ -122,6 +122,12 @@ class MicroBatchSpec:
 
     n_mbs: int = 1  # minimum number of micro-batches
     max_tokens_per_mb: int | None = None  # token budget of one packed micro-batch
+    balance_across_ranks: bool = True  # ppo_update re-deals all ranks' sequences so each rank trains on ~equal tokens
+
+    def __post_init__(self) -> None:
+        _check_positive("mb_spec", "n_mbs", self.n_mbs)
+        if self.max_tokens_per_mb is not None:
+            _check_positive("mb_spec", "max_tokens_per_mb", self.max_tokens_per_mb)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from arealite.algo import losses as L
 from arealite.config import PPOActorConfig
 from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
 from arealite.train.advantage_estimation import estimate_advantages
+from arealite.train.data_parallel import balance_across_ranks
 from arealite.train.engine import FSDPEngine, load_causal_lm
 from arealite.train.logprobs import batch_token_logprobs, packed_token_logprobs
 
@@ -68,6 +69,8 @@ class PPOActor(FSDPEngine):
                     "actor.use_decoupled_loss=true needs batch['prox_logp']: set it to actor.compute_logp(batch)"
                 )
             batch = {**batch, "prox_logp": batch["logprobs"]}
+        if self.config.mb_spec.balance_across_ranks:
+            batch = balance_across_ranks(batch)
         lens = seqlens_of(batch["attention_mask"]).tolist()
         if len(lens) < cfg.ppo_n_minibatches:
             raise ValueError(

@@ -19,6 +19,7 @@ import torch
 from arealite.algo import losses as L
 from arealite.config import PPOCriticConfig
 from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
+from arealite.train.data_parallel import balance_across_ranks
 from arealite.train.engine import FSDPEngine
 
 
@@ -61,6 +62,8 @@ class PPOCritic(FSDPEngine):
         for key, hint in (("values", "critic.compute_values(batch)"), ("returns", "actor.compute_advantages(batch)")):
             if key not in batch:
                 raise KeyError(f"critic.ppo_update needs batch[{key!r}]; set it with {hint} first")
+        if self.config.mb_spec.balance_across_ranks:
+            batch = balance_across_ranks(batch)
         lens = seqlens_of(batch["attention_mask"]).tolist()
         if len(lens) < self.config.ppo_n_minibatches:
             raise ValueError(

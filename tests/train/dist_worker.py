@@ -25,13 +25,14 @@ from arealite import distributed as dist_utils  # noqa: E402
 from arealite.config import MicroBatchSpec, OptimizerConfig, PPOActorConfig  # noqa: E402
 from arealite.data.packing import select  # noqa: E402
 from arealite.train.actor import PPOActor  # noqa: E402
+from arealite.train.data_parallel import balance_across_ranks  # noqa: E402
 from arealite.types import WeightUpdateMeta  # noqa: E402
 from tests.train.helpers import make_batch  # noqa: E402
 
 GLOBAL_LENS = [12, 5, 9, 7, 3, 10, 6, 8]
 
 
-def train_one_step(model_dir: str) -> tuple[PPOActor, list[dict]]:
+def train_one_step(model_dir: str) -> tuple[PPOActor, list[dict], dict]:
     rank, world = dist_utils.init_distributed()
     torch.set_num_threads(1)
     # Adam's eps bounds how much it amplifies rounding in near-zero gradients (gain lr/eps):
@@ -45,7 +46,15 @@ def train_one_step(model_dir: str) -> tuple[PPOActor, list[dict]]:
     batch = select(batch, list(range(rank * per_rank, (rank + 1) * per_rank)), trim=False)
     batch["prox_logp"] = actor.compute_logp(batch)
     actor.compute_advantages(batch)
-    return actor, actor.ppo_update(batch)
+    return actor, actor.ppo_update(batch), batch
+
+
+def record_balance(batch: dict, out_dir: str) -> None:
+    """Which sequences (by their first token) this rank trains on after re-dealing."""
+    share = balance_across_ranks(batch)
+    firsts = share["input_ids"][:, 0].tolist()
+    Path(out_dir, f"share{dist_utils.rank()}.json").write_text(json.dumps({"firsts": firsts,
+        "tokens": int(share["attention_mask"].sum())}))  # fmt: skip
 
 
 def _post(addr: str, path: str, body: dict) -> dict:
@@ -109,7 +118,9 @@ def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
 
 def main(argv: list[str]) -> None:
     mode, model_dir, out_dir = argv[:3]
-    actor, stats = train_one_step(model_dir)
+    actor, stats, batch = train_one_step(model_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    record_balance(batch, out_dir)
     if mode == "sync":
         sync(actor, argv[3].split(","), int(argv[4]))
         if dist_utils.is_main():

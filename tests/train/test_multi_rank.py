@@ -33,6 +33,11 @@ def test_one_rank_and_two_ranks_make_the_same_update(tiny_model_dir, tmp_path):
     for name in w1:
         torch.testing.assert_close(w2[name], w1[name], atol=1e-5, rtol=0, msg=name)
     assert any(not torch.allclose(w1[n], w0[n]) for n in w1)  # the step did move the weights
+    # Re-dealt by tokens (largest first): rank 0 started with 33 tokens and rank 1 with 27.
+    shares = [json.loads((tmp_path / "w2" / f"share{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(shares[0]["firsts"] + shares[1]["firsts"]) == sorted(json.loads(
+        (tmp_path / "w1" / "share0.json").read_text())["firsts"])  # fmt: skip
+    assert sorted(s["tokens"] for s in shares) == [29, 31]
 
 
 def _greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:

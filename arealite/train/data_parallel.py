@@ -1,0 +1,35 @@
+"""Re-dealing a batch over the trainer ranks so that each trains on about the same tokens.
+
+Rollouts land unevenly: one rank's batch may hold the long answers. Before an update every
+rank's sequences are gathered and dealt again by token count (largest first to the lightest
+rank). The loss is normalized over all tokens of all ranks, so the update does not depend
+on which rank trains which sequence — only the wall time does.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from arealite import distributed as dist_utils
+from arealite.data.packing import Batch, balanced_partition, concat, select, seqlens_of
+
+
+def balance_across_ranks(batch: Batch) -> Batch:
+    """This rank's share of all ranks' sequences, balanced by tokens; collective.
+
+    Every rank must pass a batch with the same keys. Returns `batch` itself on one rank.
+    Raises ValueError when there are fewer sequences in total than ranks.
+    """
+    world = dist_utils.world_size()
+    if world == 1:
+        return batch
+    local = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    gathered: list[Batch | None] = [None] * world
+    dist.all_gather_object(gathered, local)
+    merged = concat([b for b in gathered if b is not None])
+    lens = seqlens_of(merged["attention_mask"]).tolist()
+    if len(lens) < world:
+        raise ValueError(f"{len(lens)} sequences over all ranks cannot feed {world} trainer ranks")
+    share = balanced_partition(lens, world)[dist_utils.rank()]
+    return select(merged, share)
