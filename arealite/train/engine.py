@@ -258,6 +258,18 @@ class FSDPEngine:
         """Load weights from an HF folder into the sharded model (every rank reads the files)."""
         W.load_full_weights(self.model, W.read_hf_weights(path))
 
+    def save_checkpoint(self, path: str) -> None:
+        """Write resumable state (sharded weights, optimizer, lr schedule) to `path`; collective."""
+        from arealite.train.checkpoint import save_train_state
+
+        save_train_state(self.model, self.optimizer, self.scheduler, path)
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what `save_checkpoint` wrote (same engine config); collective."""
+        from arealite.train.checkpoint import load_train_state
+
+        load_train_state(self.model, self.optimizer, self.scheduler, path)
+
     def export_weights(self, dtype: torch.dtype | None = None):
         """Iterator of (name, full tensor); collective — every rank must exhaust it."""
         return W.iter_full_weights(self.model, dtype)
