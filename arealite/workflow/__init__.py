@@ -1,6 +1,7 @@
 """Rollout workflows: how one data record becomes a scored trajectory."""
 
 from arealite.workflow.base import RolloutWorkflow
+from arealite.workflow.multi_turn import MultiTurnWorkflow
 from arealite.workflow.rlvr import RLVRWorkflow
 
-__all__ = ["RLVRWorkflow", "RolloutWorkflow"]
+__all__ = ["MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow"]

@@ -1,0 +1,61 @@
+"""MultiTurnWorkflow: feedback after wrong answers, discounted rewards, loss on model tokens only."""
+
+import pytest
+
+from arealite.config import GenerationHyperparameters
+from arealite.reward.math import gsm8k_reward_fn
+from arealite.workflow import MultiTurnWorkflow
+
+from .rewards import wrong_until_feedback
+
+pytestmark = pytest.mark.timeout(180)
+FEEDBACK = "Wrong, try once more."
+
+
+def segments(mask_row):
+    """Runs of equal loss_mask values after the prompt: [(value, start, end), ...]."""
+    runs, start = [], None
+    values = mask_row.tolist()
+    first = values.index(1)
+    for i in range(first, len(values) + 1):
+        if i == len(values) or (i > first and values[i] != values[i - 1]):
+            runs.append((values[i - 1], start, i))
+            start = i
+        if start is None:
+            start = i
+    return runs
+
+
+def test_second_answer_after_feedback(server_engine, tokenizer):
+    gconfig = GenerationHyperparameters(group_size=2, max_new_tokens=6)
+    workflow = MultiTurnWorkflow(wrong_until_feedback, gconfig, tokenizer, max_turns=3, turn_discount=0.5, feedback=FEEDBACK)
+    record = {"id": "q", "messages": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7", "feedback_marker": FEEDBACK}
+    batch = server_engine.rollout_batch([record], workflow)
+    assert batch["num_turns"].tolist() == [2, 2]
+    assert batch["rewards"].tolist() == [0.5, 0.5]  # correct on the second turn: 1.0 * 0.5**1
+    for row in range(2):
+        valid = batch["attention_mask"][row].bool()
+        mask = batch["loss_mask"][row][valid]
+        runs = segments(mask)
+        assert [v for v, _, _ in runs] == [1, 0, 1]  # answer, feedback, answer
+        _, fb_start, fb_end = runs[1]
+        feedback_text = tokenizer.decode(batch["input_ids"][row][valid][fb_start:fb_end])
+        assert FEEDBACK in feedback_text and feedback_text.rstrip().endswith("assistant")
+        assert (batch["versions"][row][valid][fb_start:fb_end] == -1).all()
+        assert (batch["logprobs"][row][valid][fb_start:fb_end] == 0).all()
+        assert (batch["logprobs"][row][valid][mask.bool()] < 0).all()
+    assert workflow.stats["turns"] == 4
+
+
+def test_stops_after_max_turns(server_engine, tokenizer):
+    gconfig = GenerationHyperparameters(group_size=1, max_new_tokens=4)
+    workflow = MultiTurnWorkflow(gsm8k_reward_fn, gconfig, tokenizer, max_turns=2)
+    batch = server_engine.rollout_batch([{"id": "q", "prompt": "What is 3 + 4?", "answer": "987654"}], workflow)
+    assert batch["num_turns"].tolist() == [2] and batch["rewards"].tolist() == [0.0]
+
+
+def test_bad_settings(tokenizer):
+    with pytest.raises(ValueError, match="max_turns=0"):
+        MultiTurnWorkflow(gsm8k_reward_fn, GenerationHyperparameters(), tokenizer, max_turns=0)
+    with pytest.raises(ValueError, match="turn_discount=1.5"):
+        MultiTurnWorkflow(gsm8k_reward_fn, GenerationHyperparameters(), tokenizer, turn_discount=1.5)

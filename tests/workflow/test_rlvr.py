@@ -1,0 +1,52 @@
+"""RLVRWorkflow: reward arguments, and reward failures counted and handled as configured."""
+
+import pytest
+
+from arealite.config import GenerationHyperparameters
+from arealite.reward.pool import RewardPool
+from arealite.rollout import RolloutWorkflowError
+from arealite.workflow import RLVRWorkflow
+
+from .rewards import always_raises, completion_length, hangs
+
+pytestmark = pytest.mark.timeout(180)
+RECORDS = [{"id": "a", "prompt": "What is 1 + 1?", "answer": "2"}, {"id": "b", "prompt": "What is 2 + 2?", "answer": "4"}]
+
+
+def test_rewards_see_the_completion_ids(server_engine, tokenizer):
+    workflow = RLVRWorkflow(completion_length, GenerationHyperparameters(group_size=2, max_new_tokens=5), tokenizer)
+    batch = server_engine.rollout_batch(RECORDS, workflow)
+    assert batch["rewards"].tolist() == batch["loss_mask"].sum(1).float().tolist()
+
+
+def test_raising_reward_rejects_the_group_and_is_counted(server_engine, tokenizer):
+    workflow = RLVRWorkflow(always_raises, GenerationHyperparameters(group_size=2, max_new_tokens=3), tokenizer)
+    with pytest.raises(RolloutWorkflowError, match="all 2 episodes were rejected"):
+        server_engine.rollout_batch(RECORDS, workflow)
+    assert workflow.stats["reward_errors"] == 4 and workflow.stats["rejected_groups"] == 2
+
+
+def test_raising_reward_can_fail_the_batch(server_engine, tokenizer):
+    workflow = RLVRWorkflow(always_raises, GenerationHyperparameters(group_size=1, max_new_tokens=3), tokenizer,
+                            on_reward_error="raise")
+    with pytest.raises(RolloutWorkflowError, match="reward checker crashed"):
+        server_engine.rollout_batch(RECORDS[:1], workflow)
+
+
+def test_timed_out_reward_scored_zero_only_when_asked(server_engine, tokenizer):
+    pool = RewardPool(max_workers=1, timeout=1.0)
+    try:
+        workflow = RLVRWorkflow(hangs, GenerationHyperparameters(group_size=1, max_new_tokens=3), tokenizer,
+                                reward_pool=pool, on_reward_error="zero")
+        batch = server_engine.rollout_batch(RECORDS[:1], workflow)
+        assert batch["rewards"].tolist() == [0.0]
+        assert workflow.stats["reward_timeouts"] == 1
+    finally:
+        pool.close()
+
+
+def test_bad_arguments_are_named(tokenizer):
+    with pytest.raises(ValueError, match="on_reward_error='ignore'"):
+        RLVRWorkflow(completion_length, GenerationHyperparameters(), tokenizer, on_reward_error="ignore")
+    with pytest.raises(TypeError, match="define it at module level"):
+        RLVRWorkflow(lambda *a, **k: 0.0, GenerationHyperparameters(), tokenizer)
