@@ -7,6 +7,8 @@ works here also works on real 0.5.6+ servers. `/abort_request` also needs a JSON
 
 from __future__ import annotations
 
+import asyncio
+
 from aiohttp import web
 
 from arealite.server.errors import BadBody, bad_body_response, error_response, json_response, read_json_object
@@ -34,7 +36,7 @@ async def handle_pause(request: web.Request) -> web.Response:
                 if await state.gate.wait_drained(ABORT_REPEAT_S):
                     break
         else:
-            state.scheduler.pause(mode)
+            await asyncio.wrap_future(state.scheduler.pause(mode))
     return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
 

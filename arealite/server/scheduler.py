@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +75,11 @@ class Scheduler:
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
         self._commands.put(("abort", rid, abort_all))
 
-    def pause(self, mode: str) -> None:
-        self._commands.put(("pause", mode))
+    def pause(self, mode: str) -> Future:
+        """Stop stepping (`in_place`) or also drop KV (`retract`); the future resolves once applied."""
+        done: Future = Future()
+        self._commands.put(("pause", mode, done))
+        return done
 
     def resume(self) -> None:
         self._commands.put(("resume",))
@@ -130,6 +134,7 @@ class Scheduler:
             self.paused = True
             if cmd[1] == "retract":
                 self._retract_all()
+            cmd[2].set_result(None)
         elif kind == "resume":
             self.paused = False
         elif kind == "stop":

@@ -2,16 +2,49 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 from arealite.server.process import launch_server_process
 
 
+def make_peaky_model(src: str, dst: str, scale: float = 25.0, seed: int | None = None) -> str:
+    """Copy the tiny model with its output layer scaled up (and optionally re-randomized).
+
+    The random tiny model's logits are almost flat (std ~0.16), so greedy choices hinge on
+    gaps near float noise; scaling lm_head makes next-token distributions peaked like a
+    trained model's, so greedy comparisons test the server, not rounding luck.
+    """
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    with torch.no_grad():
+        if seed is not None:
+            gen = torch.Generator().manual_seed(seed)
+            for p in model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.02)
+        model.lm_head.weight.mul_(scale)
+    model.save_pretrained(dst)
+    for name in os.listdir(src):
+        if name.startswith("tokenizer") or name.endswith(".jinja") or name == "generation_config.json":
+            shutil.copy(os.path.join(src, name), dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def model_dir(tiny_model_dir, tmp_path_factory) -> str:
+    """The tiny model with peaked next-token distributions (see make_peaky_model)."""
+    return make_peaky_model(tiny_model_dir, str(tmp_path_factory.mktemp("peaky_model")))
+
+
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
+def server(model_dir):
     """A built-in server on a free port with a fixed seed; stopped after the module."""
-    proc = launch_server_process(tiny_model_dir, extra_args=["--random-seed", "1"], env={"OMP_NUM_THREADS": "1"})
+    proc = launch_server_process(model_dir, extra_args=["--random-seed", "1"], env={"OMP_NUM_THREADS": "1"})
     try:
         yield proc
     finally:
@@ -20,12 +53,12 @@ def server(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def hf_model(tiny_model_dir):
+def hf_model(model_dir):
     """The same weights in plain transformers, for reference forwards."""
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     return model
 

@@ -18,14 +18,14 @@ def gen(server, **body):
 
 
 # ---- info and health ----------------------------------------------------------------------
-def test_health_and_info_routes(server, tiny_model_dir):
+def test_health_and_info_routes(server, model_dir):
     assert server.get("/health")[0] == 200
     assert server.get("/health_generate")[0] == 200
     assert server.get("/ready")[0] == 200
     for path in ("/get_model_info", "/model_info"):
         status, info = server.get(path)
         assert status == 200
-        assert info["model_path"] == tiny_model_dir and info["is_generation"] is True
+        assert info["model_path"] == model_dir and info["is_generation"] is True
         assert info["weight_version"] == "default" and info["architectures"] == ["Qwen2ForCausalLM"]
     for path in ("/get_server_info", "/server_info"):
         status, info = server.get(path)
@@ -33,7 +33,7 @@ def test_health_and_info_routes(server, tiny_model_dir):
         assert info["random_seed"] == 1
     status, models = server.get("/v1/models")
     assert status == 200 and models["object"] == "list"
-    assert models["data"][0]["id"] == tiny_model_dir and models["data"][0]["max_model_len"] == CONTEXT
+    assert models["data"][0]["id"] == model_dir and models["data"][0]["max_model_len"] == CONTEXT
 
 
 def test_unknown_routes_are_404(server):
