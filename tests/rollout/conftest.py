@@ -76,8 +76,9 @@ def start_servers(model_path: str, log_dir: Path, n: int) -> list[BuiltinServer]
     return servers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_servers(tiny_model_dir, tmp_path_factory):
+    """Shared by the rollout tests; each test module resets the servers' weight version."""
     servers = start_servers(tiny_model_dir, tmp_path_factory.mktemp("server-logs"), 2)
     yield servers
     for s in servers:

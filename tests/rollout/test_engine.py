@@ -28,9 +28,10 @@ def engine_config(**kw) -> InferenceEngineConfig:
 
 
 @pytest.fixture(scope="module")
-def engine(two_servers):
+def engine(two_servers, tiny_model_dir):
     eng = RemoteSGLangEngine(engine_config(), [s.address for s in two_servers])
     eng.initialize()
+    eng.update_weights(WeightUpdateMeta(type="disk", path=tiny_model_dir, version=0)).result(timeout=60)
     yield eng
     eng.destroy()
 

@@ -5,7 +5,7 @@ import pytest
 from ..rollout.conftest import start_servers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server_engine(tiny_model_dir, tmp_path_factory):
     """One built-in server and an initialized RemoteSGLangEngine on it."""
     from arealite.config import InferenceEngineConfig
@@ -21,7 +21,7 @@ def server_engine(tiny_model_dir, tmp_path_factory):
         servers[0].stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
