@@ -129,7 +129,8 @@ def main(argv: list[str]) -> None:
     if dist_utils.is_main():
         Path(out_dir, "stats.json").write_text(json.dumps(stats))
     dist_utils.barrier()
-    dist_utils.destroy_distributed()
+    if dist_utils.world_size() > 1:  # a world of one may be a test process that keeps its group
+        dist_utils.destroy_distributed()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ PROMPTS = [[5, 17, 42, 99], [300, 12], [7, 8, 9, 10, 11, 12], [250]]
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    proc = launch_server_process(tiny_model_dir, extra_args=["--dtype", "float32", "--torch-threads", "1"])
+    proc = launch_server_process(tiny_model_dir, extra_args=["--dtype", "float32", "--torch-threads", "1", "--skip-server-warmup"])
     yield proc
     proc.stop()
 
