@@ -1,10 +1,10 @@
 """One trainer rank for the multi-process tests (started by `run_ranks` with torchrun's env vars).
 
-    python tests/train/dist_worker.py update MODEL_DIR OUT_DIR
+    python tests/train/dist_worker.py update|uneven MODEL_DIR OUT_DIR
     python tests/train/dist_worker.py sync MODEL_DIR OUT_DIR ADDR1,ADDR2 GROUP_PORT
 
 `update`: one PPO step on this rank's share of a fixed global batch; writes stats and the
-updated model. `sync`: the same step, then a distributed weight upload to the servers at
+updated model (`uneven`: see `train_one_step`). `sync`: the same step, then a distributed weight upload to the servers at
 ADDR1,ADDR2 over a gloo group (rank 0 does the HTTP side), then writes the model.
 """
 
@@ -32,18 +32,23 @@ from tests.train.helpers import make_batch  # noqa: E402
 GLOBAL_LENS = [12, 5, 9, 7, 3, 10, 6, 8]
 
 
-def train_one_step(model_dir: str) -> tuple[PPOActor, list[dict], dict]:
+def train_one_step(model_dir: str, uneven: bool = False) -> tuple[PPOActor, list[dict], dict]:
+    """`uneven`: rank 0 holds one group and the last rank the rest, not re-dealt, with more
+    micro-batches than rank 0 has sequences (so rank 0 runs zero-weight filler passes)."""
     rank, world = dist_utils.init_distributed()
     torch.set_num_threads(1)
     # Adam's eps bounds how much it amplifies rounding in near-zero gradients (gain lr/eps):
     # 1e-4 keeps the 1-vs-2-rank comparison about the gradients, not float summation order.
+    mb_spec = MicroBatchSpec(n_mbs=3, balance_across_ranks=False) if uneven else MicroBatchSpec(n_mbs=2)
     cfg = PPOActorConfig(path=model_dir, group_size=2, optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
-                         mb_spec=MicroBatchSpec(n_mbs=2), use_decoupled_loss=True)  # fmt: skip
+                         mb_spec=mb_spec, use_decoupled_loss=True)  # fmt: skip
     actor = PPOActor(cfg).initialize()
     batch = make_batch(GLOBAL_LENS, seed=21)
     batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
-    per_rank = len(GLOBAL_LENS) // world  # whole groups per rank
-    batch = select(batch, list(range(rank * per_rank, (rank + 1) * per_rank)), trim=False)
+    bounds = [0, 2, len(GLOBAL_LENS)] if uneven else [len(GLOBAL_LENS) * r // world for r in range(world + 1)]
+    if world == 1:
+        bounds = [0, len(GLOBAL_LENS)]
+    batch = select(batch, list(range(bounds[rank], bounds[rank + 1])), trim=False)  # whole groups per rank
     batch["prox_logp"] = actor.compute_logp(batch)
     actor.compute_advantages(batch)
     return actor, actor.ppo_update(batch), batch
@@ -118,7 +123,7 @@ def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
 
 def main(argv: list[str]) -> None:
     mode, model_dir, out_dir = argv[:3]
-    actor, stats, batch = train_one_step(model_dir)
+    actor, stats, batch = train_one_step(model_dir, uneven=mode == "uneven")
     os.makedirs(out_dir, exist_ok=True)
     record_balance(batch, out_dir)
     if mode == "sync":

@@ -41,6 +41,19 @@ def test_one_rank_and_two_ranks_make_the_same_update(tiny_model_dir, tmp_path):
     assert sorted(s["tokens"] for s in shares) == [29, 31]
 
 
+@pytest.mark.timeout(400)
+def test_uneven_ranks_with_filler_micro_batches_make_the_same_update(tiny_model_dir, tmp_path):
+    run_ranks(2, ["uneven", tiny_model_dir, str(tmp_path / "w2")])  # 2 vs 6 sequences, 3 micro-batches each
+    dist_worker.main(["uneven", tiny_model_dir, str(tmp_path / "w1")])
+    s1 = json.loads((tmp_path / "w1" / "stats.json").read_text())[0]
+    s2 = json.loads((tmp_path / "w2" / "stats.json").read_text())[0]
+    assert abs(s1["loss"] - s2["loss"]) <= 1e-5 and s1["loss_weight"] == s2["loss_weight"]
+    w1 = load_file(str(tmp_path / "w1" / "hf" / "model.safetensors"))
+    w2 = load_file(str(tmp_path / "w2" / "hf" / "model.safetensors"))
+    for name in w1:
+        torch.testing.assert_close(w2[name], w1[name], atol=1e-5, rtol=0, msg=name)
+
+
 def _greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
     ids, out, lps = list(prompt), [], []
     with torch.no_grad():
