@@ -127,7 +127,7 @@ def sample(
     tokens = scaled.argmax(dim=-1)
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
     if sampled_rows:
-        rows = torch.tensor(sampled_rows, dtype=torch.long)
+        rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
         sub = [params[i] for i in sampled_rows]
         uniforms = torch.cat([torch.rand(1, generator=generators[i]) for i in sampled_rows])
         tokens[rows] = _sample_truncated(scaled[rows], sub, uniforms.to(scaled.device))

@@ -223,7 +223,7 @@ class Scheduler:
             offset = length - n  # left padding
             temp = 1.0 if req.params.greedy else req.params.temperature
             lp = torch.log_softmax(logits[i, offset : offset + n - 1] / temp, dim=-1)
-            values = lp.gather(1, torch.tensor(req.prompt[1:])[:, None])[:, 0].tolist()
+            values = lp.gather(1, torch.tensor(req.prompt[1:], device=lp.device)[:, None])[:, 0].tolist()
             req.input_logprobs = ([None] + values)[req.logprob_start_len :]
 
     def _decode_step(self) -> None:
@@ -244,10 +244,11 @@ class Scheduler:
             p = req.params
             if p.needs_penalties:
                 if req.counts is None:
-                    req.counts = torch.zeros(vocab)
-                    req.counts.index_add_(0, torch.tensor(req.output_ids, dtype=torch.long), torch.ones(len(req.output_ids)))
-                    req.seen = torch.zeros(vocab, dtype=torch.bool)
-                    req.seen[torch.tensor(req.tokens, dtype=torch.long)] = True
+                    dev = logits.device
+                    req.counts = torch.zeros(vocab, device=dev)
+                    req.counts.index_add_(0, torch.tensor(req.output_ids, dtype=torch.long, device=dev), torch.ones(len(req.output_ids), device=dev))
+                    req.seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
+                    req.seen[torch.tensor(req.tokens, dtype=torch.long, device=dev)] = True
                 apply_penalties(logits[i : i + 1], req.counts[None], req.seen[None], [p])
             if p.logit_bias:
                 for tok, bias in p.logit_bias.items():

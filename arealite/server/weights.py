@@ -126,7 +126,7 @@ async def handle_init_group(request: web.Request) -> web.Response:
         pg = await state.run_blocking(init_custom_process_group, backend, address, port, rank, world_size, group_name)
     except Exception as e:
         return json_response({"success": False, "message": f"Failed to initialize custom process group: {e}"}, status=400)
-    groups[group_name] = pg
+    groups[group_name] = (pg, backend)
     return json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
 
@@ -145,11 +145,13 @@ def _parse_specs(body: dict) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
     return specs
 
 
-def receive_and_load(state: ServerState, pg, specs: list) -> None:
+def receive_and_load(state: ServerState, group: tuple, specs: list) -> None:
     """Receive every tensor (broadcast from rank 0) in order, then copy them in."""
+    pg, backend = group
+    device = "cuda" if backend == "nccl" else "cpu"  # NCCL moves only CUDA tensors
     received = {}
     for name, dtype, shape in specs:
-        tensor = torch.empty(shape, dtype=dtype)
+        tensor = torch.empty(shape, dtype=dtype, device=device)
         broadcast(pg, tensor, src=0)
         received[name] = tensor
     copy_into(state, received)

@@ -22,7 +22,7 @@ MAX_RUNNING = 16
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    args = ["--api-key", KEY, "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", "4096", "--random-seed", "3"]
+    args = ["--api-key", KEY, "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", "2048", "--random-seed", "3"]
     with launch_server_process(model_dir, extra_args=args, env={"OMP_NUM_THREADS": "1"}) as proc:
         yield proc
 
@@ -37,17 +37,20 @@ def test_api_key_like_sglang(server):
     assert server.get("/health")[0] == 200 and server.get("/health_generate")[0] == 200  # open routes
 
 
-def test_running_requests_bounded(server):
-    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 60, "ignore_eos": True}}
-    with ThreadPoolExecutor(40) as pool:
-        futures = [pool.submit(server.post, "/generate", body, headers=AUTH) for _ in range(40)]
+@pytest.mark.parametrize("max_new_tokens,bound", [(60, MAX_RUNNING), (250, 2048 // 253)])
+def test_running_requests_bounded(server, max_new_tokens, bound):
+    """At most --max-running-requests run at once, and prompt + max_new_tokens of the running
+    requests stays within --max-total-tokens (2048 // 253 = 8 requests of 3 + 250 tokens)."""
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    with ThreadPoolExecutor(24) as pool:
+        futures = [pool.submit(server.post, "/generate", body, headers=AUTH) for _ in range(24)]
         peak = 0
         while not all(f.done() for f in futures):
             state = server.get("/get_server_info", headers=AUTH)[1]["internal_states"][0]
             peak = max(peak, state["num_running"])
             time.sleep(0.005)
-    assert all(f.result()[0] == 200 and f.result()[1]["meta_info"]["completion_tokens"] == 60 for f in futures)
-    assert 1 < peak <= MAX_RUNNING
+    assert all(f.result()[0] == 200 and f.result()[1]["meta_info"]["completion_tokens"] == max_new_tokens for f in futures)
+    assert peak == bound
 
 
 BAD_BODIES = [

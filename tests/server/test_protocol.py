@@ -127,6 +127,17 @@ def test_penalties_discourage_repeats(server):
     assert len(set(pen)) > len(set(plain))
 
 
+def test_logit_bias_and_skip_special_tokens(server):
+    forced = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True, "logit_bias": {str(EOS): 100.0}}
+    out = gen(server, sampling_params=forced)[1]
+    assert out["output_ids"] == [EOS] * 3 and out["text"] == ""
+    out = gen(server, sampling_params={**forced, "skip_special_tokens": False})[1]
+    assert out["text"] == "<|im_end|>" * 3
+    # Without ignore_eos the forced EOS stops at once; output_ids keep it, text drops it.
+    out = gen(server, sampling_params={**forced, "ignore_eos": False, "skip_special_tokens": False})[1]
+    assert out["output_ids"] == [EOS] and out["text"] == "" and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": EOS}
+
+
 def test_top_logprobs_and_text_in_logprobs(server):
     out = gen(server, return_logprob=True, top_logprobs_num=3, return_text_in_logprobs=True, sampling_params={"max_new_tokens": 4, "temperature": 0})[1]
     meta = out["meta_info"]
@@ -239,6 +250,18 @@ def test_abort_request_by_rid(server):
     assert status == 200 and meta["finish_reason"] == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
     assert 0 < len(out["output_ids"]) < 900 and len(meta["output_token_logprobs"]) == len(out["output_ids"])
     assert server.post("/abort_request", {"rid": "nobody"})[0] == 200
+
+
+def test_abort_all(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    long = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(server.post, "/generate", long) for _ in range(3)]
+        _wait_running(server, 3)
+        assert server.post("/abort_request", {"abort_all": True}) == (200, "")
+        outs = [f.result(60)[1] for f in futures]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" and len(o["output_ids"]) < 900 for o in outs)
 
 
 def test_server_still_serves_after_errors(server):
