@@ -120,9 +120,16 @@ def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple
 
 
 def _token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
-    """Entropy of the distribution each token was sampled from, token-aligned [N]."""
-    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+    """Entropy of the distribution each token was sampled from, token-aligned [N].
+
+    Without a gradient it is computed in row chunks, so a large vocabulary never needs
+    more than one [chunk, V] fp32 softmax at a time.
+    """
+    if grad and torch.is_grad_enabled():
         ent = L.entropy_from_logits(logits.float() / temperature)
+    else:
+        with torch.no_grad():
+            ent = torch.cat([L.entropy_from_logits(c.float() / temperature) for c in logits.detach().split(1024)])
     ent = torch.cat([ent.new_zeros(1), ent[:-1]])
     return ent.index_fill(0, cu_seqlens[:-1].long(), 0.0)
 

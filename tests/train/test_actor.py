@@ -128,3 +128,27 @@ def test_ppo_update_errors_name_the_fix(actor):
         actor.ppo_update(batch)
     with pytest.raises(ConfigError, match="recompute_logprob"):
         PPOActorConfig(use_decoupled_loss=True, recompute_logprob=False)
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.1])
+def test_actor_loss_entropy_is_token_aligned(entropy_coef):
+    from arealite.data.packing import pack
+    from arealite.train.actor import actor_loss
+
+    batch = make_batch([7, 5, 6], seed=18, vocab=40)
+    batch["prox_logp"] = batch["logprobs"]
+    batch["advantages"] = torch.zeros(3, 7)
+    mb = pack(batch)
+    logits = torch.randn(int(mb["cu_seqlens"][-1]), 40, generator=torch.Generator().manual_seed(18), requires_grad=True)
+    cfg = PPOActorConfig(path="x", temperature=0.8, entropy_coef=entropy_coef)
+    loss, stats = actor_loss(logits, mb, cfg)
+    ents = []
+    for b in range(3):
+        start = int(mb["cu_seqlens"][b])
+        for t in range(int(batch["attention_mask"][b].sum())):
+            if batch["loss_mask"][b, t]:
+                p = torch.softmax(logits[start + t - 1].detach() / 0.8, -1)
+                ents.append(float(-(p * p.log()).sum()))
+    assert abs(stats["entropy"].item() - sum(ents) / len(ents)) < 1e-5
+    loss.backward()  # advantages are 0: only the entropy bonus moves the logits
+    assert (logits.grad.abs().sum() > 0) == (entropy_coef > 0)
