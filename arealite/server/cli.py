@@ -22,8 +22,8 @@ from arealite.server.scheduler import Scheduler, SchedulerLimits
 from arealite.server.state import ServerState
 
 # SGLang flags accepted for command-line compatibility; they do not change this server.
-IGNORED_VALUE_FLAGS = ("--tp-size", "--tensor-parallel-size", "--dp-size", "--mem-fraction-static", "--load-format", "--attention-backend", "--sampling-backend", "--chunked-prefill-size", "--stream-interval", "--schedule-policy", "--cuda-graph-max-bs")
-IGNORED_BOOL_FLAGS = ("--disable-radix-cache", "--trust-remote-code", "--skip-tokenizer-init-ignored", "--enable-metrics", "--disable-cuda-graph", "--log-requests", "--enable-memory-saver", "--allow-auto-truncate-ignored")
+IGNORED_VALUE_FLAGS = ("--tp-size", "--tensor-parallel-size", "--dp-size", "--mem-fraction-static", "--load-format", "--attention-backend", "--sampling-backend", "--chunked-prefill-size", "--schedule-policy", "--cuda-graph-max-bs")
+IGNORED_BOOL_FLAGS = ("--disable-radix-cache", "--trust-remote-code", "--enable-metrics", "--disable-cuda-graph", "--log-requests", "--enable-memory-saver")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-version", default="default")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     p.add_argument("--skip-server-warmup", action="store_true")
+    p.add_argument("--stream-interval", type=int, default=1, help="tokens between stream chunks")
     p.add_argument("--torch-threads", type=int, default=None, help="torch intra-op threads (arealite only)")
     for flag in IGNORED_VALUE_FLAGS:
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)

@@ -75,6 +75,6 @@ FLUSH_OK = (
 async def handle_flush_cache(request: web.Request) -> web.Response:
     """Nothing is cached across requests here, but the refusal rule is SGLang's."""
     state: ServerState = request.app["state"]
-    if state.scheduler.num_requests > 0:
+    if state.gate.readers > 0 or state.scheduler.num_requests > 0:
         return web.Response(status=400, text="Cache not flushed: requests are still running or waiting.\n")
     return web.Response(status=200, text=FLUSH_OK)

@@ -137,6 +137,9 @@ async def _stream(request: web.Request, state: ServerState, call: GenerateCall) 
         while pending:
             i, n, finished = await events.get()
             pending -= int(finished)
+            interval = reqs[i].params.stream_interval or state.args.stream_interval
+            if not finished and n % max(interval, 1):
+                continue
             chunk = build_result(reqs[i], n, state.tokenizer, state.weight_version, call.return_text_in_logprobs, finished)
             if call.is_batch:
                 chunk["index"] = i

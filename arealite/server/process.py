@@ -124,6 +124,9 @@ def launch_server_process(
         fd, log_path = tempfile.mkstemp(prefix=f"arealite_server_{port}_", suffix=".log")
         os.close(fd)
     full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    # Run the same checkout as the caller, whatever the cwd and whether or not it is installed.
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "arealite.server", "--model-path", model_path, "--host", host, "--port", str(port), *extra_args]
     with open(log_path, "ab") as log:
