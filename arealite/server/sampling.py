@@ -148,7 +148,7 @@ def _sample_truncated(scaled: torch.Tensor, params: list[SamplingParams], unifor
     min_p = probs.new_tensor([p.min_p for p in params])[:, None]
     keep = ranks < top_k
     # Keep a token while the mass strictly before it is below top_p (the first one always stays).
-    keep &= (sorted_probs.cumsum(-1) - sorted_probs) < top_p
+    keep &= ((sorted_probs.cumsum(-1) - sorted_probs) < top_p) | (top_p >= 1.0)  # rounding must not cut the tail at 1.0
     keep &= sorted_probs >= min_p * sorted_probs[:, :1]
     kept = sorted_probs * keep
     cdf = kept.cumsum(-1)
