@@ -53,13 +53,9 @@ def trajectory_from_tokens(
     prompt and output token lists. `output_loss_mask` (default all ones) lets a workflow mark
     output tokens it did not generate, such as tool or feedback text, with 0."""
     rows = len(prompt_ids)
-    lengths = [len(p) + len(o) for p, o in zip(prompt_ids, output_ids)]
-    width = max(lengths)
-    input_ids = torch.zeros(rows, width, dtype=torch.long)
-    attention_mask = torch.zeros(rows, width, dtype=torch.bool)
-    loss_mask = torch.zeros(rows, width, dtype=torch.int32)
-    logprobs = torch.zeros(rows, width, dtype=torch.float32)
-    versions = torch.full((rows, width), -1, dtype=torch.long)
+    width = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
+    # built as padded Python lists, then one tensor per key: far cheaper than per-row tensor ops
+    ids, attn, mask, logp, vers = [], [], [], [], []
     for b in range(rows):
         p, o = len(prompt_ids[b]), len(output_ids[b])
         if len(output_logprobs[b]) != o or len(output_versions[b]) != o:
@@ -67,19 +63,19 @@ def trajectory_from_tokens(
                 f"sample {b}: {o} output tokens but {len(output_logprobs[b])} logprobs "
                 f"and {len(output_versions[b])} versions; they must align one to one"
             )
-        if output_loss_mask is None:
-            mask = torch.ones(o, dtype=torch.int32)
-        else:
-            mask = torch.tensor(output_loss_mask[b], dtype=torch.int32)
-        input_ids[b, : p + o] = torch.tensor(list(prompt_ids[b]) + list(output_ids[b]), dtype=torch.long)
-        attention_mask[b, : p + o] = True
-        loss_mask[b, p : p + o] = mask
-        logprobs[b, p : p + o] = torch.where(mask.bool(), torch.tensor(output_logprobs[b], dtype=torch.float32), 0.0)
-        versions[b, p : p + o] = torch.where(mask.bool(), torch.tensor(output_versions[b], dtype=torch.long), -1)
+        m = [1] * o if output_loss_mask is None else [int(x) for x in output_loss_mask[b]]
+        if len(m) != o:
+            raise ValueError(f"sample {b}: {o} output tokens but a loss mask of {len(m)}")
+        pad = width - p - o
+        ids.append(list(prompt_ids[b]) + list(output_ids[b]) + [0] * pad)
+        attn.append([True] * (p + o) + [False] * pad)
+        mask.append([0] * p + m + [0] * pad)
+        logp.append([0.0] * p + [lp if k else 0.0 for lp, k in zip(output_logprobs[b], m)] + [0.0] * pad)
+        vers.append([-1] * p + [v if k else -1 for v, k in zip(output_versions[b], m)] + [-1] * pad)
     return {
-        "input_ids": input_ids,  # [B, T]
-        "attention_mask": attention_mask,  # [B, T]
-        "loss_mask": loss_mask,  # [B, T]
-        "logprobs": logprobs,  # [B, T], aligned to the token itself
-        "versions": versions,  # [B, T], -1 on prompt and pad
+        "input_ids": torch.tensor(ids, dtype=torch.long),  # [B, T]
+        "attention_mask": torch.tensor(attn, dtype=torch.bool),  # [B, T]
+        "loss_mask": torch.tensor(mask, dtype=torch.int32),  # [B, T]
+        "logprobs": torch.tensor(logp, dtype=torch.float32),  # [B, T], aligned to the token itself
+        "versions": torch.tensor(vers, dtype=torch.long),  # [B, T], -1 on prompt and pad
     }

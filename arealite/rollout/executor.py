@@ -81,7 +81,7 @@ class WorkflowExecutor:
         self.batch_size: int | None = config.consumer_batch_size
         self._lock = threading.Condition()
         self._queued: deque[_Episode] = deque()  # submitted, waiting for capacity
-        self._ready: deque[tuple[_Episode, Trajectory]] = deque()  # accepted, not yet consumed
+        self._ready: deque[tuple[_Episode, Trajectory, int | None]] = deque()  # accepted: (episode, trajectory, oldest version)
         self._sync: deque[_Episode] = deque()  # rollout_batch episodes, waiting for concurrency
         self._tasks: set[asyncio.Task] = set()
         self._running_queued = 0  # started from _queued and not finished
@@ -155,7 +155,7 @@ class WorkflowExecutor:
                     self._error.__cause__ = error
                 elif traj is not None:
                     self._accepted += 1
-                    self._ready.append((episode, traj))
+                    self._ready.append((episode, traj, _oldest_version(traj)))
             self._lock.notify_all()
         self.schedule()
 
@@ -179,14 +179,14 @@ class WorkflowExecutor:
         """Re-queue ready trajectories that fell more than k versions behind (lock held)."""
         bound = self.engine.get_version() - self.config.max_head_offpolicyness
         fresh = deque()
-        for episode, traj in self._ready:
-            oldest = _oldest_version(traj)
+        for item in self._ready:
+            oldest = item[2]
             if oldest is not None and oldest < bound:
                 self._accepted -= 1
-                self._queued.appendleft(episode)
+                self._queued.appendleft(item[0])
                 self.stats["stale_requeued"] += 1
             else:
-                fresh.append((episode, traj))
+                fresh.append(item)
         if len(fresh) != len(self._ready):
             self._ready = fresh
             self.engine.loop.call_soon(self.schedule)
@@ -207,7 +207,8 @@ class WorkflowExecutor:
                 if self._error is not None:
                     error, self._error = self._error, None
                     raise error
-                self._pop_stale()
+                if len(self._ready) >= count:
+                    self._pop_stale()  # only when about to return: it scans every ready trajectory
                 if len(self._ready) >= count:
                     taken = [self._ready.popleft()[1] for _ in range(count)]
                     break

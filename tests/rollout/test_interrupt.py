@@ -17,7 +17,7 @@ from arealite.types import WeightUpdateMeta
 from arealite.workflow import RLVRWorkflow
 
 pytestmark = pytest.mark.timeout(240)
-BUDGET = 160
+BUDGET = 400  # long enough that updates land mid-generation even on a fast machine
 GROUP = 2
 
 
@@ -36,9 +36,10 @@ def test_update_weights_during_generation(two_servers, tiny_model_dir, tmp_path)
         worker.start()
         version = 0
         while worker.is_alive() and version < 3:
-            time.sleep(0.4)  # let tokens accumulate under the current version
             if not any(engine.pool.outstanding(a) for a in engine.pool.addresses):
+                time.sleep(0.01)
                 continue
+            time.sleep(0.15)  # let tokens accumulate under the current version
             version += 1
             engine.pause()
             engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights), version=version)).result(timeout=60)
