@@ -1,0 +1,74 @@
+"""Weight updates over a process group: the test plays the trainer's rank 0 and broadcasts
+the buckets while the client's HTTP calls are in flight, as sync_weights does."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from arealite.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.rollout import RemoteSGLangEngine, WeightUpdateError
+from arealite.types import ModelRequest, WeightUpdateMeta
+from arealite.utils.process_group import broadcast, init_custom_process_group
+
+from .conftest import free_port
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def push(engine: RemoteSGLangEngine, pg, meta: WeightUpdateMeta, params: dict[str, torch.Tensor], version: int) -> None:
+    names = list(params)
+    buckets = [names[i : i + 5] for i in range(0, len(names), 5)]  # several buckets, in order
+    meta = dataclasses.replace(
+        meta, version=version,
+        buckets=[[(n, str(params[n].dtype), list(params[n].shape)) for n in bucket] for bucket in buckets],
+    )
+    engine.pause()
+    future = engine.update_weights(meta)
+    for bucket in buckets:
+        for name in bucket:
+            broadcast(pg, params[name].contiguous())
+    future.result(timeout=120)
+    engine.set_version(version)
+    engine.resume()
+
+
+def greedy(engine: RemoteSGLangEngine):
+    request = ModelRequest(input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=6, temperature=0.0))
+    return asyncio.run(engine.agenerate(request))
+
+
+def test_distributed_update_changes_weights_and_versions(two_servers, tiny_model_dir):
+    engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [s.address for s in two_servers])
+    engine.initialize()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    original = {n: p.detach().clone() for n, p in model.named_parameters()}
+    perturbed = {n: p + 0.5 * torch.randn_like(p) for n, p in original.items()}
+    meta = WeightUpdateMeta(type="distributed", master_address="127.0.0.1", master_port=free_port(),
+                            group_name="rollout_test_group", backend="gloo")
+    try:
+        with pytest.raises(WeightUpdateError, match="has no buckets"):
+            engine.update_weights(meta).result(timeout=10)
+        with pytest.raises(WeightUpdateError, match="backend='mpi'"):
+            engine.init_weights_update_group(dataclasses.replace(meta, backend="mpi")).result(timeout=10)
+        before = greedy(engine)
+        joined = engine.init_weights_update_group(meta)  # servers join as ranks 1 and 2
+        pg = init_custom_process_group("gloo", "127.0.0.1", meta.master_port, 0, 3, meta.group_name, timeout=60)
+        joined.result(timeout=60)
+
+        push(engine, pg, meta, perturbed, version=7)
+        after = greedy(engine)
+        assert after.output_versions == [7] * after.output_len
+        assert after.output_logprobs[0] != pytest.approx(before.output_logprobs[0])
+
+        push(engine, pg, meta, original, version=8)
+        restored = greedy(engine)
+        assert restored.output_tokens == before.output_tokens
+        assert restored.output_logprobs == pytest.approx(before.output_logprobs, abs=1e-4)
+        assert restored.output_versions == [8] * restored.output_len
+    finally:
+        engine.destroy()
