@@ -2,78 +2,43 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from arealite.server.process import ServerProcess, launch_server_process
+
+SERVER_ARGS = ("--torch-threads", "1", "--log-level", "warning", "--skip-server-warmup")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_server(model_path: str, log_dir: Path, port: int | None = None) -> ServerProcess:
+    log = log_dir / f"server-{port or 'new'}-{len(list(log_dir.iterdir()))}.log"
+    return launch_server_process(model_path, port=port, extra_args=SERVER_ARGS, log_path=str(log))
 
 
-class BuiltinServer:
-    """`python -m arealite.server` on 127.0.0.1, one torch thread, logs under `log_dir`."""
-
-    def __init__(self, model_path: str, log_dir: Path, port: int | None = None) -> None:
-        self.model_path = model_path
-        self.port = port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self._log = open(log_dir / f"server-{self.port}.log", "ab")
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT))
-        cmd = [sys.executable, "-m", "arealite.server", "--model-path", model_path, "--port", str(self.port),
-               "--torch-threads", "1", "--log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
-
-    def wait_healthy(self, timeout: float = 120.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server {self.address} exited with {self.proc.returncode}; see {self._log.name}")
-            try:
-                with urllib.request.urlopen(f"http://{self.address}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"server {self.address} not healthy after {timeout}s")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
-        self._log.close()
-
-
-def start_servers(model_path: str, log_dir: Path, n: int) -> list[BuiltinServer]:
-    servers = [BuiltinServer(model_path, log_dir) for _ in range(n)]
-    try:
-        for s in servers:
-            s.wait_healthy()
-    except BaseException:
+def start_servers(model_path: str, log_dir: Path, n: int) -> list[ServerProcess]:
+    """`n` servers started side by side; all are stopped if any fails to start."""
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(launch_server_process, model_path, None, SERVER_ARGS, None, 120, str(log_dir / f"server-{i}.log"))
+                   for i in range(n)]
+    servers, errors = [], []
+    for future in futures:
+        try:
+            servers.append(future.result())
+        except Exception as e:  # noqa: BLE001 - re-raised below after cleanup
+            errors.append(e)
+    if errors:
         for s in servers:
             s.stop()
-        raise
+        raise errors[0]
     return servers
+
+
+def kill(server: ServerProcess) -> None:
+    """SIGKILL: the server dies mid-request, as a crashed machine would."""
+    server.proc.kill()
+    server.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout import RemoteSGLangEngine, WeightUpdateError
+from arealite.server.process import free_port
 from arealite.types import ModelRequest, WeightUpdateMeta
 from arealite.utils.process_group import broadcast, init_custom_process_group
 
-from .conftest import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -16,7 +16,7 @@ from arealite.rollout import RemoteSGLangEngine
 from arealite.types import ModelRequest
 from arealite.workflow import RLVRWorkflow
 
-from .conftest import BuiltinServer, start_servers
+from .conftest import kill, start_server, start_servers
 
 pytestmark = pytest.mark.timeout(300)
 GROUP = 3
@@ -43,7 +43,7 @@ def test_killed_server_fails_over_and_rejoins(tiny_model_dir, tmp_path):
             time.sleep(0.05)
         assert victim is not None, "no server ever received work"
         time.sleep(0.3)
-        victim.kill()
+        kill(victim)
         worker.join(timeout=200)
         batch = result["batch"]
         assert engine.pool.down == [victim.address]
@@ -56,8 +56,7 @@ def test_killed_server_fails_over_and_rejoins(tiny_model_dir, tmp_path):
                 assert batch["input_ids"][row, : len(ids)].tolist() == ids
         assert (batch["loss_mask"].sum(1) >= 1).all()
 
-        restarted = BuiltinServer(tiny_model_dir, tmp_path, port=victim.port)
-        restarted.wait_healthy()
+        restarted = start_server(tiny_model_dir, tmp_path, port=victim.port)
         deadline = time.monotonic() + 30
         while victim.address not in engine.pool.healthy and time.monotonic() < deadline:
             time.sleep(0.2)
