@@ -19,6 +19,7 @@ from arealite.server.request import Req
 from arealite.server.state import ServerState
 
 DEFAULT_MAX_NEW_TOKENS = 128
+DISCONNECT_CHECK_S = 1.0  # how often a waiting non-stream call checks that its client is still there
 
 
 def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
@@ -105,7 +106,7 @@ async def _wait_all(request: web.Request, state: ServerState, reqs: list[Req], e
     pending = len(reqs)
     while pending:
         try:
-            _, _, finished = await asyncio.wait_for(events.get(), timeout=2.0)
+            _, _, finished = await asyncio.wait_for(events.get(), timeout=DISCONNECT_CHECK_S)
             pending -= int(finished)
         except asyncio.TimeoutError:
             transport = request.transport

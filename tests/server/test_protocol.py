@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import pytest
@@ -268,3 +269,19 @@ def test_server_still_serves_after_errors(server):
     status, out = gen(server, sampling_params={"max_new_tokens": 3})
     assert status == 200 and out["meta_info"]["completion_tokens"] == 3
     assert server.get("/health")[0] == 200
+
+
+def test_client_disconnect_aborts_generation(server):
+    """A non-stream client that gives up (timeout) cancels its generation server-side (§1.7)."""
+    # A 16-prompt batch of 1,000 tokens each takes several seconds; the server checks every second.
+    body = {"input_ids": [[1, i] for i in range(16)], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    steps = server.get("/get_server_info")[1]["internal_states"][0]["decode_steps"]
+    payload = json.dumps(body).encode()
+    with socket.create_connection((server.host, server.port)) as sock:
+        head = f"POST /generate HTTP/1.1\r\nHost: {server.address}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        sock.sendall(head.encode() + payload)
+        _wait_running(server)
+    # The socket is closed: the client is gone.
+    while (state := server.get("/get_server_info")[1]["internal_states"][0])["num_running"] > 0:
+        time.sleep(0.05)
+    assert state["decode_steps"] - steps < 999, "the abandoned request ran to the end"
