@@ -35,12 +35,19 @@ def generate_body(
     input_ids: list[int],
     gconfig: GenerationHyperparameters,
     max_new_tokens: int,
+    produced: int = 0,
 ) -> dict[str, Any]:
-    """The JSON body for one non-streamed /generate call with logprobs."""
+    """The JSON body for one non-streamed /generate call with logprobs. `produced` is how many
+    tokens earlier (interrupted) calls of the same sample returned: they count towards
+    `min_new_tokens`."""
     params = gconfig.sampling_params()
     params["max_new_tokens"] = int(max_new_tokens)
-    if params.get("min_new_tokens", 0) > max_new_tokens:
-        params["min_new_tokens"] = int(max_new_tokens)
+    if "min_new_tokens" in params:
+        min_left = min(max(0, params["min_new_tokens"] - produced), max_new_tokens)
+        if min_left:
+            params["min_new_tokens"] = int(min_left)
+        else:
+            del params["min_new_tokens"]
     body = {
         "input_ids": [int(t) for t in input_ids],  # 0.5.22+ rejects floats
         "sampling_params": {k: v for k, v in params.items() if v is not None},

@@ -239,7 +239,7 @@ class RemoteSGLangEngine:
                 resp.stop_reason = "length"  # the context is full
                 break
             try:
-                chunk = await self._generate_once(address, prompt, req, now_budget)
+                chunk = await self._generate_once(address, prompt, req, now_budget, resp.output_len)
             except TransientServerError as e:
                 failures = await self._after_failure(address, e, failures)
                 continue
@@ -263,9 +263,9 @@ class RemoteSGLangEngine:
         return resp
 
     async def _generate_once(
-        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int
+        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int
     ) -> protocol.GenerateChunk:
-        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens)
+        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced)
         status, reply = await request(
             self._session, "POST", address, "/generate", body, self.config.request_timeout, req.rid
         )
@@ -354,6 +354,13 @@ class RemoteSGLangEngine:
                 self._context_length[address] = await self._fetch_context_length(address)
                 logger.info("server %s is healthy again; back in rotation", address)
                 self.pool.mark_up(address)
+
+    def export_stats(self) -> dict[str, int]:
+        """Counters of the client and its executor, prefixed for a stats logger."""
+        out = {f"rollout/{k}": v for k, v in self.stats.items()}
+        out.update({f"rollout/{k}": v for k, v in self.executor.stats.items()})
+        out["rollout/servers_down"] = len(self.pool.down)
+        return out
 
     # ---- workflows (delegated to the executor) -------------------------------------------
 

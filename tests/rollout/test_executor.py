@@ -68,6 +68,8 @@ def test_full_queue_applies_back_pressure(two_servers):
     assert batch["input_ids"].shape[0] == 40
     assert workflow.max_active <= 3
     assert engine.executor.stats["accepted"] == 20
+    stats = engine.export_stats()
+    assert stats["rollout/accepted"] == 20 and stats["rollout/requests"] == 40 and stats["rollout/servers_down"] == 0
 
 
 def test_dynamic_sampling_fills_the_batch(two_servers):

@@ -34,6 +34,9 @@ def test_body_has_no_nulls_and_int_tokens():
     assert body["return_logprob"] is True and body["stream"] is False
     assert None not in list(_walk(body))
     assert "rid" not in body
+    # a resubmission after an interruption: tokens already produced count towards the minimum
+    assert generate_body([1], g, 20, produced=5)["sampling_params"]["min_new_tokens"] == 3
+    assert "min_new_tokens" not in generate_body([1], g, 20, produced=9)["sampling_params"]
 
 
 def test_clamp_to_context():
