@@ -131,6 +131,9 @@ async def handle_init_group(request: web.Request) -> web.Response:
 
 
 def _parse_specs(body: dict) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    if body.get("load_format") not in (None, "auto"):
+        # Refuse before joining any broadcast: a receiver expecting the wrong layout would hang the trainer.
+        raise BadBody(f"load_format {body['load_format']!r} is not supported by the built-in server; send one tensor per name (omit load_format)")
     names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
     if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
         raise BadBody("1 validation error: names, dtypes and shapes must be lists")

@@ -96,6 +96,8 @@ def test_distributed_errors(server):
     assert status == 400 and reply["success"] is False and "init_weights_update_group" in reply["message"]
     status, reply = server.post("/update_weights_from_distributed", {**body, "dtypes": ["floatish"]})
     assert status == 400
+    status, reply = server.post("/update_weights_from_distributed", {**body, "load_format": "flattened_bucket"})
+    assert status == 400 and "load_format" in reply["message"]
     init = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2, "backend": "mpi-ish"}
     status, reply = server.post("/init_weights_update_group", init)
     assert status == 400 and reply["message"].startswith("Failed to initialize custom process group")
