@@ -1,6 +1,6 @@
 """Output tokens/s of the built-in server at several concurrencies vs sequential `model.generate`.
 
-    OMP_NUM_THREADS=1 python benchmarks/server_throughput.py [--model-path DIR] [--max-new-tokens 64]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/server_throughput.py [--model-path DIR] [--max-new-tokens 64]
 
 Both sides run the same weights with the same torch thread count in one run: the baseline
 is transformers' `model.generate` (KV cache, greedy, one request at a time) in this
@@ -71,11 +71,16 @@ def main() -> None:
     a = p.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     torch.set_num_threads(threads)
-    model_path = a.model_path
-    if model_path is None:
-        from arealite.tools.tiny_model import build_tiny_model
+    if a.model_path is not None:
+        run(a, a.model_path, threads)
+        return
+    from arealite.tools.tiny_model import build_tiny_model
 
-        model_path = build_tiny_model(tempfile.mkdtemp(prefix="bench_tiny_"))
+    with tempfile.TemporaryDirectory(prefix="bench_tiny_") as tmp:
+        run(a, build_tiny_model(tmp), threads)
+
+
+def run(a: argparse.Namespace, model_path: str, threads: int) -> None:
     rng = random.Random(0)
     prompts = [[rng.randrange(0, 500) for _ in range(rng.randint(16, 48))] for _ in range(256)]
 
