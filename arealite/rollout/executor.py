@@ -132,6 +132,8 @@ class WorkflowExecutor:
                 traj = None
             error = None
         except asyncio.CancelledError:
+            if episode.ticket is not None:
+                episode.ticket.cancel()  # a rollout_batch waiting on it fails instead of hanging
             raise
         except Exception as e:  # reported to the consumer, never swallowed
             traj, error = None, e
@@ -160,6 +162,12 @@ class WorkflowExecutor:
         self.schedule()
 
     async def acancel_all(self) -> None:
+        """Cancel running episodes and fail the waiting rollout_batch calls (engine shutdown)."""
+        with self._lock:
+            waiting, self._sync = list(self._sync), deque()
+        for episode in waiting:
+            if episode.ticket is not None:
+                episode.ticket.cancel()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -4,6 +4,8 @@ trajectories re-generated, errors surfaced."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 
 import pytest
@@ -33,7 +35,7 @@ class ScriptedRewardWorkflow(RolloutWorkflow):
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
-            gconfig = GenerationHyperparameters(max_new_tokens=3)
+            gconfig = GenerationHyperparameters(max_new_tokens=data.get("budget", 3))
             reqs = [ModelRequest(input_ids=data["input_ids"], gconfig=gconfig, group_id=data["id"]) for _ in range(2)]
             resps = await asyncio.gather(*(engine.agenerate(r) for r in reqs))
         finally:
@@ -123,3 +125,23 @@ def test_workflow_errors_surface_in_wait(two_servers):
             engine.wait(0)
     finally:
         engine.destroy()
+
+
+def test_destroy_fails_a_waiting_rollout_batch(two_servers):
+    engine = make_engine(two_servers, max_concurrent_rollouts=2)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            engine.rollout_batch(records(6, budget=400), ScriptedRewardWorkflow())
+            outcome["result"] = "returned"
+        except (concurrent.futures.CancelledError, RolloutWorkflowError) as e:
+            outcome["result"] = type(e).__name__
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(0.5)
+    engine.destroy()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "rollout_batch hung after destroy()"
+    assert outcome["result"] == "CancelledError"
