@@ -122,7 +122,9 @@ class ModelRunner:
             mask[i, length - len(p) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.config)
+        # No config: every layer is a plain full-length DynamicLayer that merge/select can
+        # pad and slice; sliding-window models still get their window from the attention mask.
+        cache = DynamicCache()
         with self.lock:
             out = self.model(
                 input_ids=ids,
