@@ -12,9 +12,9 @@ from arealite.server.process import ServerProcess, launch_server_process
 SERVER_ARGS = ("--torch-threads", "1", "--log-level", "warning", "--skip-server-warmup")
 
 
-def start_server(model_path: str, log_dir: Path, port: int | None = None) -> ServerProcess:
+def start_server(model_path: str, log_dir: Path, port: int | None = None, extra_args: tuple = ()) -> ServerProcess:
     log = log_dir / f"server-{port or 'new'}-{len(list(log_dir.iterdir()))}.log"
-    return launch_server_process(model_path, port=port, extra_args=SERVER_ARGS, log_path=str(log))
+    return launch_server_process(model_path, port=port, extra_args=SERVER_ARGS + tuple(extra_args), log_path=str(log))
 
 
 def start_servers(model_path: str, log_dir: Path, n: int) -> list[ServerProcess]:

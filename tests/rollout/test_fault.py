@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.reward.math import gsm8k_reward_fn
 from arealite.rollout import RemoteSGLangEngine
-from arealite.types import ModelRequest
+from arealite.types import ModelRequest, WeightUpdateMeta
 from arealite.workflow import RLVRWorkflow
 
 from .conftest import kill, start_server, start_servers
@@ -56,18 +56,24 @@ def test_killed_server_fails_over_and_rejoins(tiny_model_dir, tmp_path):
                 assert batch["input_ids"][row, : len(ids)].tolist() == ids
         assert (batch["loss_mask"].sum(1) >= 1).all()
 
-        restarted = start_server(tiny_model_dir, tmp_path, port=victim.port)
+        # weights move on while the server is down; it must catch up before it rejoins
+        engine.update_weights(WeightUpdateMeta(type="disk", path=tiny_model_dir, version=3)).result(timeout=60)
+        engine.set_version(3)
+        restarted = start_server(tiny_model_dir, tmp_path, port=victim.port, extra_args=("--weight-version", "0"))
         deadline = time.monotonic() + 30
         while victim.address not in engine.pool.healthy and time.monotonic() < deadline:
             time.sleep(0.2)
         assert victim.address in engine.pool.healthy, "restarted server did not rejoin the rotation"
 
-        async def spread() -> set[str]:
+        async def spread() -> list:
             gconfig = GenerationHyperparameters(max_new_tokens=4)
             reqs = [ModelRequest(input_ids=[7, 8, 9], gconfig=gconfig, group_id=f"after-{i}") for i in range(9)]
-            return {r.server for r in await asyncio.gather(*(engine.agenerate(q) for q in reqs))}
+            return await asyncio.gather(*(engine.agenerate(q) for q in reqs))
 
-        assert victim.address in asyncio.run(spread())
+        responses = asyncio.run(spread())
+        from_victim = [r for r in responses if r.server == victim.address]
+        assert from_victim, "the rejoined server got no new groups"
+        assert all(r.output_versions == [3] * r.output_len for r in responses)  # server-reported versions
     finally:
         engine.destroy()
         for s in servers + ([restarted] if restarted else []):
