@@ -1,8 +1,16 @@
 """Servers for workflow tests: the rollout tests' built-in server helper, reused."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from ..rollout.conftest import start_servers
+
+# Reward worker processes (spawned; they inherit sys.path) import `tests.workflow.rewards`.
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
 
 
 @pytest.fixture(scope="session")
