@@ -304,8 +304,9 @@ class FSDPEngine:
 
         disk: rank 0 writes an HF folder to `meta.path`, then all ranks meet at a barrier.
         distributed: every rank gathers full parameters; rank 0 broadcasts them over the
-        group `meta.group_name`, in the order of `weight_buckets(meta)`. `on_bucket(i,
-        bucket)` runs on rank 0 just before bucket i is broadcast.
+        group `meta.group_name`, in the order of `meta.buckets` when set (what the client
+        sends), else of `weight_buckets(meta)`. `on_bucket(i, bucket)` runs on rank 0 just
+        before bucket i is broadcast.
         """
         if meta.type == "disk":
             if not meta.path:
@@ -313,7 +314,8 @@ class FSDPEngine:
             self.save(meta.path)
         elif meta.type == "distributed":
             group = self.weight_update_groups.get(meta.group_name)
-            W.broadcast_buckets(self.model, self.weight_buckets(meta), group, on_bucket)
+            buckets = getattr(meta, "buckets", None) or self.weight_buckets(meta)
+            W.broadcast_buckets(self.model, buckets, group, on_bucket)
             dist_utils.barrier()
         else:
             raise ValueError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk' or 'distributed'")

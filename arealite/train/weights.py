@@ -83,6 +83,11 @@ def broadcast_buckets(
     rank 0 before a bucket's first broadcast (e.g. to send that bucket's HTTP request).
     """
     params = dict(unique_parameters(model))
+    for name, _, shape in (spec for bucket in buckets for spec in bucket):
+        if name not in params or list(params[name].shape) != [int(d) for d in shape]:
+            got = list(params[name].shape) if name in params else "no such parameter"
+            raise ValueError(f"bucket entry {name!r} with shape {list(shape)} does not match the model ({got}); "
+                             "build buckets with actor.weight_buckets(meta)")
     main = dist_utils.is_main()
     if main and group is None:
         raise RuntimeError("no weight-update group: call init_weight_update_group(meta, world_size) on rank 0 first")

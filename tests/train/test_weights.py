@@ -57,3 +57,13 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
         grads.append({n: p.grad.full_tensor().clone() for n, p in engine.model.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_upload_rejects_buckets_that_do_not_match_the_model(tiny_model_dir):
+    import pytest
+
+    engine = FSDPEngine(TrainEngineConfig(path=tiny_model_dir)).initialize()
+    meta = WeightUpdateMeta(type="distributed", weight_chunk_mb=1)
+    meta.buckets = [[("model.embed_tokens.weight", "float32", [1, 2])]]
+    with pytest.raises(ValueError, match="does not match the model"):
+        engine.upload_weights(meta)
