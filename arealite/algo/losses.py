@@ -124,7 +124,8 @@ def sequence_log_ratio(logp: Tensor, prox_logp: Tensor, mask: Tensor, cu_seqlens
     """GSPO: each token carries its sequence's mean log ratio over loss tokens [N].
 
     Gradients flow to every token of the sequence through the mean (GSPO's sequence
-    objective, not GSPO-token's stop-gradient variant).
+    objective, not GSPO-token's stop-gradient variant). GSPO averages over sequences:
+    pair it with `seq_mean_token_mean` (token-mean would weight sequences by length).
     """
     m = mask.to(logp.dtype)
     per_seq = segment_sum((logp - prox_logp) * m, cu_seqlens) / segment_sum(m, cu_seqlens).clamp(min=1.0)
