@@ -67,10 +67,10 @@ def _token_level(batch: Batch, score: torch.Tensor, config: PPOActorConfig) -> d
     keys = ["attention_mask", "loss_mask"] + [k for k in ("values", "logprobs", "prox_logp", "ref_logp") if k in batch]
     packed = pack({k: batch[k] for k in keys})
     cu, mask = packed["cu_seqlens"], packed["loss_mask"].bool()
-    rewards = torch.zeros(mask.shape[0], dtype=torch.float32)
+    rewards = torch.zeros(mask.shape[0], dtype=torch.float32, device=mask.device)
     last = _last_loss_token(mask, cu)  # [B], -1 where a sequence trains on no token
     has = last >= 0
-    rewards[last[has]] += score[has].float()
+    rewards[last[has]] += score.to(mask.device)[has].float()
     if config.kl_ctl > 0 and config.kl_in_reward:
         if "ref_logp" not in packed:
             raise KeyError("actor.kl_in_reward with kl_ctl > 0 needs batch['ref_logp'] (ref.compute_logp(batch))")
@@ -87,6 +87,7 @@ def _last_loss_token(mask: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tens
     """Packed index of each sequence's last loss token, -1 if it has none: [B] long."""
     B = len(cu_seqlens) - 1
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    seg = torch.repeat_interleave(torch.arange(B), lens)
-    idx = torch.where(mask, torch.arange(mask.shape[0]), torch.full_like(seg, -1))
-    return torch.full((B,), -1, dtype=torch.long).scatter_reduce(0, seg, idx, reduce="amax")
+    dev = mask.device
+    seg = torch.repeat_interleave(torch.arange(B, device=dev), lens.to(dev))
+    idx = torch.where(mask, torch.arange(mask.shape[0], device=dev), torch.full_like(seg, -1))
+    return torch.full((B,), -1, dtype=torch.long, device=dev).scatter_reduce(0, seg, idx, reduce="amax")
