@@ -41,10 +41,15 @@ def model_dir(tiny_model_dir, tmp_path_factory) -> str:
     return make_peaky_model(tiny_model_dir, str(tmp_path_factory.mktemp("peaky_model")))
 
 
-@pytest.fixture(scope="module")
+def start_server(model_dir: str):
+    return launch_server_process(model_dir, extra_args=["--random-seed", "1"], env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="session")
 def server(model_dir):
-    """A built-in server on a free port with a fixed seed; stopped after the module."""
-    proc = launch_server_process(model_dir, extra_args=["--random-seed", "1"], env={"OMP_NUM_THREADS": "1"})
+    """A built-in server shared by the modules that leave its weights alone (a module that
+    changes weights defines its own `server`)."""
+    proc = start_server(model_dir)
     try:
         yield proc
     finally:

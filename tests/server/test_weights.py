@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from arealite.server.process import free_port, launch_server_process
-from tests.server.conftest import make_peaky_model
+from tests.server.conftest import make_peaky_model, start_server
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[2]
@@ -36,6 +36,13 @@ TRAINER = textwrap.dedent(
     print("trainer done", flush=True)
     """
 )
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    """This module changes the served weights, so it gets a server of its own."""
+    with start_server(model_dir) as proc:
+        yield proc
 
 
 @pytest.fixture(scope="module")
