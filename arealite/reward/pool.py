@@ -39,6 +39,10 @@ def _worker_init() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # a reward never needs torch threads
 
 
+def _ready() -> int:
+    return os.getpid()
+
+
 def check_picklable(fn: Callable[..., float]) -> None:
     """Fail early, naming the fix, if `fn` cannot be sent to a worker process."""
     try:
@@ -52,14 +56,16 @@ def check_picklable(fn: Callable[..., float]) -> None:
 class RewardPool:
     """A lazily started pool of `max_workers` processes that score with a per-call timeout."""
 
-    def __init__(self, max_workers: int = 2, timeout: float = 15.0) -> None:
+    def __init__(self, max_workers: int = 2, timeout: float = 15.0, startup_timeout: float = 300.0) -> None:
         if max_workers < 1:
             raise ValueError(f"RewardPool(max_workers={max_workers}) needs at least one worker")
         if timeout <= 0:
             raise ValueError(f"RewardPool(timeout={timeout}) must be > 0 seconds")
         self.max_workers = max_workers
         self.timeout = timeout
+        self.startup_timeout = startup_timeout
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._warm: dict[int, list[concurrent.futures.Future]] = {}  # id(pool) -> one start-up probe a worker
         self._lock = threading.Lock()
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
@@ -76,14 +82,43 @@ class RewardPool:
             if self._pool is not broken:
                 return
             self._pool = None
+            self._warm.pop(id(broken), None)
         for process in list(getattr(broken, "_processes", {}).values()):  # no public kill in 3.11
             process.kill()
         broken.shutdown(wait=False, cancel_futures=True)
+
+    async def _warm_up(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+        """Wait until every worker has started before timing any call.
+
+        A spawned worker imports the parent's main module (often torch and transformers),
+        which can take longer than a reward's timeout on a loaded machine; counting that
+        start-up against the first calls would time them out and replace the pool forever.
+        """
+        with self._lock:
+            ready = self._warm.get(id(pool))
+            if ready is None:
+                ready = self._warm[id(pool)] = [pool.submit(_ready) for _ in range(self.max_workers)]
+        if all(f.done() for f in ready):
+            return
+        # concurrent futures (not asyncio ones) so that any event loop may wait on them
+        done, _ = await asyncio.to_thread(concurrent.futures.wait, ready, self.startup_timeout)
+        if len(done) < len(ready):
+            self._replace(pool)
+            raise RewardError(
+                f"reward workers did not start within {self.startup_timeout}s; is the machine overloaded?"
+            )
+        for f in done:
+            f.result()  # surfaces BrokenProcessPool
 
     async def ascore(self, fn: Callable[..., float], *args: Any, **kwargs: Any) -> float:
         """`fn(*args, **kwargs)` in a worker. Raises RewardTimeout or RewardError."""
         for attempt in range(2):  # a call caught in a pool replaced for another's timeout is retried once
             pool = self._executor()
+            try:
+                await self._warm_up(pool)
+            except BrokenProcessPool:
+                self._replace(pool)
+                continue
             try:
                 future = pool.submit(_call, fn, args, kwargs)
             except (BrokenProcessPool, RuntimeError):

@@ -9,7 +9,9 @@ module imports neither the rollout client nor the trainer.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import urllib.request
 
 from arealite.types import WeightUpdateMeta
 
@@ -36,7 +38,26 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
         actor.upload_weights(meta)  # rank 0 broadcasts while the servers receive
         if future is not None:
             future.result()
+    if rank == 0:
+        confirm_server_versions(rollout.pool.addresses, meta.version)
     barrier()  # servers hold the new weights before anyone resumes
     rollout.set_version(meta.version)
     actor.set_version(meta.version)
     rollout.resume()
+
+
+def confirm_server_versions(addresses: list[str], version: int, timeout: float = 30.0) -> dict[str, str]:
+    """Check that every server reports `weight_version == version` in /get_model_info.
+
+    A server that accepted the upload but serves another version would silently poison the
+    next batch, so a mismatch raises. Prints one confirmation line (it lands in the trainer log).
+    """
+    seen: dict[str, str] = {}
+    for address in addresses:
+        with urllib.request.urlopen(f"http://{address}/get_model_info", timeout=timeout) as r:
+            seen[address] = str(json.loads(r.read()).get("weight_version"))
+    wrong = {a: v for a, v in seen.items() if v != str(version)}
+    if wrong:
+        raise RuntimeError(f"after the weight sync to version {version}, servers report other versions: {wrong}")
+    print(f"[weight-sync] version {version} confirmed by {', '.join(sorted(seen))}", flush=True)
+    return seen
