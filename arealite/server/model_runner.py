@@ -110,6 +110,11 @@ class ModelRunner:
         self.vocab_size = int(self.config.vocab_size)
         # Held for the duration of a forward and of a weight load, so weights never change mid-step.
         self.lock = threading.RLock()
+        layer_types = getattr(self.config, "layer_types", None) or ["full_attention"]
+        # Decode steps may pass a ready 4D mask (transformers uses it as is), skipping mask
+        # construction that costs as much as the forward of a tiny model. Only valid when no
+        # layer needs a sliding-window mask.
+        self._prebuilt_decode_mask = all(t == "full_attention" for t in layer_types)
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]], all_logits: bool = False) -> tuple[torch.Tensor, KVBatch]:
@@ -142,10 +147,14 @@ class ModelRunner:
     def decode(self, batch: KVBatch, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one pending token per row ([B] long); extends the cache; returns fp32 logits [B, V]."""
         mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)
+        attention = mask
+        if self._prebuilt_decode_mask:
+            # Additive [B, 1, 1, L]: 0 on real tokens, dtype-min on padding (one query per row).
+            attention = (1 - mask)[:, None, None, :].to(self.dtype) * torch.finfo(self.dtype).min
         with self.lock:
             out = self.model(
                 input_ids=tokens.to(self.device)[:, None],
-                attention_mask=mask,
+                attention_mask=attention,
                 position_ids=batch.next_pos[:, None],
                 past_key_values=batch.cache,
                 use_cache=True,
