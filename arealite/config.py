@@ -47,6 +47,7 @@ class GenerationHyperparameters:
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids besides EOS
     stop: list[str] = field(default_factory=list)  # stop strings
     frequency_penalty: float = 0.0
+    sampling_seed: int | None = None  # base of per-sample seeds (reproducible sampling); None: server-chosen
 
     def __post_init__(self) -> None:
         _check_positive("gconfig", "group_size", self.group_size)
@@ -73,6 +74,8 @@ class GenerationHyperparameters:
             params["stop"] = list(self.stop)
         if self.frequency_penalty:
             params["frequency_penalty"] = self.frequency_penalty
+        if self.sampling_seed is not None:
+            params["sampling_seed"] = int(self.sampling_seed)
         return params
 
 
@@ -220,6 +223,8 @@ class DatasetConfig:
     shuffle: bool = True
     num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic)
     max_prompt_tokens: int | None = None  # drop prompts longer than this
+    max_operand: int = 20  # type=arithmetic: operands are drawn from 0..max_operand
+    ops: str = "+-"  # type=arithmetic: operators to draw from (any of + - *)
 
     def __post_init__(self) -> None:
         _check_choice("dataset", "type", self.type, ("gsm8k", "math500", "arithmetic", "jsonl"))
@@ -278,6 +283,55 @@ class StatsLoggerConfig:
     jsonl: bool = True  # write <run_dir>/stats.jsonl
     tensorboard: bool = False
     wandb_mode: str = "disabled"  # disabled | offline | online
+    progress_bar: bool = True  # a tqdm bar over training steps on the main process
+    plot: bool = True  # write <run_dir>/plots.png at the end of the run (needs matplotlib)
+
+
+@dataclass
+class RecoverConfig:
+    """Checkpoints for recovery (`arealite.utils.recover`): what a crashed run resumes from."""
+
+    mode: str = "auto"  # auto: resume when a checkpoint exists | disabled | resume: a checkpoint must exist
+    freq_steps: int = 0  # save every this many steps (and after the last); 0: only after the last step
+    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted)
+
+    def __post_init__(self) -> None:
+        _check_choice("recover", "mode", self.mode, ("auto", "disabled", "resume"))
+        _check_positive("recover", "freq_steps", self.freq_steps, allow_zero=True)
+        _check_positive("recover", "keep_last", self.keep_last)
+
+
+@dataclass
+class EvaluatorConfig:
+    """Periodic evaluation on a held-out set (`arealite.eval`): pass@1, pass@k and maj@k."""
+
+    freq_steps: int = 0  # evaluate every this many steps, before the first and after the last; 0: never
+    k: int = 4  # samples per prompt
+    temperature: float = 1.0  # sampling temperature of the evaluation (pass@1 is the mean accuracy)
+    max_new_tokens: int | None = None  # defaults to gconfig.max_new_tokens
+    num_samples: int | None = None  # evaluate on the first this-many held-out records; None: all
+    seed: int = 1234  # base of the per-sample sampling seeds, so a re-run reproduces the number
+
+    def __post_init__(self) -> None:
+        _check_positive("evaluator", "freq_steps", self.freq_steps, allow_zero=True)
+        _check_positive("evaluator", "k", self.k)
+        _check_positive("evaluator", "temperature", self.temperature, allow_zero=True)
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start (`python -m arealite.tools.sft_warmstart`): base model -> actor.path."""
+
+    base_path: str = ""  # HF model to fine-tune; the result is written to actor.path
+    steps: int = 100  # optimizer steps
+    batch_size: int = 32  # sequences per step
+    lr: float = 1e-3
+    seed: int = 0  # data order; makes the warm start deterministic
+
+    def __post_init__(self) -> None:
+        _check_positive("sft", "steps", self.steps, allow_zero=True)
+        _check_positive("sft", "batch_size", self.batch_size)
+        _check_positive("sft", "lr", self.lr)
 
 
 @dataclass
@@ -301,6 +355,9 @@ class GRPOConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
+    recover: RecoverConfig = field(default_factory=RecoverConfig)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
         _check_choice("", "weight_update", self.weight_update, ("disk", "distributed"))

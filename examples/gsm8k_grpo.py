@@ -4,7 +4,9 @@
 
 The launcher starts the inference servers and sets AREAL_LLM_SERVER_ADDRS; this script is
 one trainer process (torchrun starts several). Which dataset, model and reward are used is
-config (`train_dataset.type`: gsm8k | math500 | arithmetic | jsonl).
+config (`train_dataset.type`: gsm8k | math500 | arithmetic | jsonl). A relaunch of the same
+run resumes from its latest checkpoint (`recover.mode=auto`); the held-out set is evaluated
+before training, every `evaluator.freq_steps` versions and at the end.
 """
 
 from __future__ import annotations
@@ -15,23 +17,19 @@ import sys
 from transformers import AutoTokenizer
 
 from arealite.config import GRPOConfig, load_config, save_config
-from arealite.data.arithmetic import arithmetic_reward_fn
 from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
 from arealite.distributed import barrier, init_distributed
-from arealite.reward.math import boxed_reward_fn, gsm8k_reward_fn
+from arealite.eval import Evaluator
+from arealite.eval.task import held_out_records, reward_fn_for
 from arealite.rollout import RemoteSGLangEngine
 from arealite.train import PPOActor
-from arealite.utils.imports import import_object
+from arealite.utils.recover import Recover
 from arealite.utils.stats_logger import StatsLogger
+from arealite.utils.stats_tracker import StatsTracker
+from arealite.utils.timing import StepTimer
+from arealite.utils.training_stats import batch_stats, gather_prompt_ids
 from arealite.utils.weight_sync import disk_update_meta, sync_weights
 from arealite.workflow import RLVRWorkflow
-
-REWARDS = {
-    "gsm8k": gsm8k_reward_fn,
-    "math500": boxed_reward_fn,
-    "jsonl": boxed_reward_fn,
-    "arithmetic": arithmetic_reward_fn,
-}
 
 
 def main(argv: list[str]) -> None:
@@ -50,38 +48,64 @@ def main(argv: list[str]) -> None:
 
     rollout = RemoteSGLangEngine(config.rollout)
     rollout.initialize()
-    actor = PPOActor(config.actor)
+    actor = PPOActor(config.actor, config.total_train_steps)
     actor.initialize()
-    reward_fn = import_object(config.reward_fn) if config.reward_fn else REWARDS[config.train_dataset.type]
+    reward_fn = reward_fn_for(config)
     workflow = RLVRWorkflow(reward_fn, config.gconfig, tokenizer)
-    stats_logger = StatsLogger(config.run_dir, rank, config.stats_logger.jsonl, config.stats_logger.tensorboard)
+    stats_logger = StatsLogger.from_config(config, rank)
+    evaluator = None
+    if config.evaluator.freq_steps:
+        held_out = held_out_records(config, tokenizer)
+        evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size)
 
-    data_iter = iter(loader)
-    for step in range(config.total_train_steps):
-        if config.rollout.max_head_offpolicyness > 0:
-            batch = rollout.prepare_batch(loader, workflow)
-        else:
-            try:
-                prompts = next(data_iter)
-            except StopIteration:
-                data_iter = iter(loader)
-                prompts = next(data_iter)
-            batch = rollout.rollout_batch(prompts, workflow)
+    recover = Recover(config.recover, config.run_dir, rank)
+    resumed = recover.load(actor, loader, stats_logger)
+    start, version = (resumed.step + 1, resumed.version) if resumed else (0, 0)
+    accuracy = resumed.extra.get("accuracy", {}) if resumed else {}  # version -> held-out pass@1
+    if resumed:  # the servers may hold other weights than the checkpoint's
+        sync_weights(actor, rollout, disk_update_meta(config.run_dir, version), rank, barrier)
 
-        if config.actor.recompute_logprob:
-            batch["prox_logp"] = actor.compute_logp(batch, temperature=config.gconfig.temperature)
-        actor.compute_advantages(batch)
-        train_stats = actor.ppo_update(batch)
-
-        sync_weights(actor, rollout, disk_update_meta(config.run_dir, step + 1), rank, barrier)
-
-        stats = {"reward": batch["rewards"].float().mean().item(), "version": step + 1}
-        stats.update(train_stats[-1] if isinstance(train_stats, list) else train_stats)
+    data_iter, tracker, timer = iter(loader), StatsTracker(), StepTimer()
+    for step in range(start, config.total_train_steps):
+        stats = {}
+        if evaluator and evaluator.should_run(version, config.total_train_steps):
+            with timer("eval"):
+                stats.update(evaluator.evaluate(rollout), **{"eval/version": version})
+            accuracy[str(version)] = stats["eval/pass@1"]
+        with timer("step"):
+            with timer("rollout"):
+                if config.rollout.max_head_offpolicyness > 0:
+                    batch = rollout.prepare_batch(loader, workflow)
+                else:
+                    prompts = next(data_iter, None) or next(data_iter := iter(loader))
+                    batch = rollout.rollout_batch(prompts, workflow)
+                    stats["prompt_ids"] = gather_prompt_ids(prompts)
+            with timer("train"):
+                if config.actor.recompute_logprob:
+                    batch["prox_logp"] = actor.compute_logp(batch, temperature=config.gconfig.temperature)
+                actor.compute_advantages(batch)
+                train_stats = actor.ppo_update(batch)
+            with timer("weight_sync"):
+                version = step + 1
+                sync_weights(actor, rollout, disk_update_meta(config.run_dir, version), rank, barrier)
+            with timer("save"):
+                if recover.should_save(step, config.total_train_steps):
+                    recover.save(step, version, actor, loader, stats_logger, {"accuracy": accuracy})
+        stats.update(batch_stats(tracker, batch), **train_stats[-1], version=version, **timer.pop())
         stats_logger.commit(step, stats)
 
-    stats_logger.close()
+    if evaluator and evaluator.should_run(version, config.total_train_steps):
+        final = evaluator.evaluate(rollout)
+        accuracy[str(version)] = final["eval/pass@1"]
+        stats_logger.commit(config.total_train_steps, {**final, "eval/version": version})
+    plot = stats_logger.close(plot=config.stats_logger.plot)
     rollout.destroy()
     actor.destroy()
+    if rank == 0 and accuracy:
+        if plot:
+            print(f"plots: {plot}", flush=True)
+        before, after = accuracy.get("0"), accuracy[max(accuracy, key=int)]
+        print(f"eval_accuracy_before={before:.4f} eval_accuracy_after={after:.4f}", flush=True)
 
 
 if __name__ == "__main__":

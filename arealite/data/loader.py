@@ -28,7 +28,9 @@ class RecordDataset(Dataset):
 def load_records(config: DatasetConfig, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
     """The records a DatasetConfig names (`split` only matters for the synthetic task)."""
     if config.type == "arithmetic":
-        return make_arithmetic_dataset(config.num_samples, seed=seed, split=split)
+        return make_arithmetic_dataset(
+            config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split
+        )
     if not config.path:
         raise ConfigError(f"dataset.path is empty for dataset.type={config.type!r}; set it to a jsonl/parquet file")
     loader = {"gsm8k": load_gsm8k, "math500": load_math500, "jsonl": load_generic}[config.type]

@@ -1,7 +1,11 @@
-"""Per-step statistics: one jsonl line per step in the run directory, and a console line.
+"""Per-step statistics: a jsonl file per run, a console line, a progress bar, and optional
+tensorboard and wandb; PNG plots at the end (`arealite.utils.plots`).
 
 Only the main process (rank 0) writes. Values are plain floats: reduce across ranks before
-calling `commit` (the actor's stats already are).
+calling `commit` (`StatsTracker.export()` and the actor's stats already are). tensorboard and
+wandb are imported only when enabled; wandb never needs the network in `offline` mode.
+On recovery, `load_state_dict(state, after_step)` drops the rows the crashed run wrote after
+its checkpoint, so `stats.jsonl` holds every step exactly once.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -24,44 +29,142 @@ def _plain(value: Any) -> Any:
 class StatsLogger:
     """Writes `<run_dir>/stats.jsonl` and prints a one-line summary per step."""
 
-    def __init__(self, run_dir: str, rank: int = 0, jsonl: bool = True, tensorboard: bool = False):
+    def __init__(
+        self,
+        run_dir: str,
+        rank: int = 0,
+        jsonl: bool = True,
+        tensorboard: bool = False,
+        wandb_mode: str = "disabled",
+        total_steps: int | None = None,
+        progress_bar: bool = False,
+        run_name: str = "",
+        config: dict | None = None,
+    ):
         self.run_dir = run_dir
         self.rank = rank
+        self._use_jsonl = jsonl
+        self._elapsed_before = 0.0  # time spent by earlier (crashed) attempts of this run
         self._start = time.monotonic()
-        self._file = None
-        self._tb = None
+        self._file = self._tb = self._wandb = self._bar = None
         if rank != 0:
             return
         os.makedirs(run_dir, exist_ok=True)
         if jsonl:
-            self._file = open(os.path.join(run_dir, "stats.jsonl"), "a", buffering=1)
+            self._file = open(self.jsonl_path, "a", buffering=1)
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            self._tb = _tensorboard_writer(os.path.join(run_dir, "tensorboard"))
+        if wandb_mode != "disabled":
+            self._wandb = _wandb_run(run_dir, wandb_mode, run_name, config)
+        if progress_bar and total_steps:
+            from tqdm import tqdm
 
-            self._tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+            self._bar = tqdm(total=total_steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=False)
+
+    @classmethod
+    def from_config(cls, config: Any, rank: int) -> "StatsLogger":
+        """From a GRPOConfig: its `stats_logger` section, run directory and step count."""
+        from omegaconf import OmegaConf
+
+        sl = config.stats_logger
+        return cls(
+            config.run_dir, rank, sl.jsonl, sl.tensorboard, sl.wandb_mode, config.total_train_steps, sl.progress_bar,
+            f"{config.experiment_name}/{config.trial_name}", OmegaConf.to_container(OmegaConf.structured(config)),
+        )  # fmt: skip
+
+    @property
+    def jsonl_path(self) -> str:
+        return os.path.join(self.run_dir, "stats.jsonl")
+
+    def elapsed(self) -> float:
+        return self._elapsed_before + time.monotonic() - self._start
 
     def commit(self, step: int, stats: dict[str, Any]) -> None:
         """Record the stats of one finished step."""
         if self.rank != 0:
             return
-        row = {"step": step, "elapsed_s": round(time.monotonic() - self._start, 3)}
+        row = {"step": step, "elapsed_s": round(self.elapsed(), 3)}
         row.update({k: _plain(v) for k, v in stats.items()})
         if self._file is not None:
             self._file.write(json.dumps(row) + "\n")
+        numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
         if self._tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and k != "step":
-                    self._tb.add_scalar(k, v, step)
-        shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+            for k, v in numeric.items():
+                self._tb.add_scalar(k, v, step)
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+        shown = " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if not isinstance(v, (list, dict))
+        )
+        if self._bar is not None:
+            self._bar.n = min(step + 1, self._bar.total)
+            self._bar.set_postfix({k: row[k] for k in ("reward", "eval/pass@1") if isinstance(row.get(k), float)}, refresh=False)
+            self._bar.refresh()
         print(f"[stats] {shown}", flush=True)
 
-    def close(self) -> None:
+    # ---- recovery -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"elapsed_s": self.elapsed()}
+
+    def load_state_dict(self, state: dict[str, Any], after_step: int) -> None:
+        """Continue the clock of a recovered run and drop rows of steps after `after_step`."""
+        self._elapsed_before = float(state.get("elapsed_s", 0.0))
+        self._start = time.monotonic()
+        if self.rank != 0:
+            return
+        if self._file is not None:
+            self._file.close()
+            rows = read_stats(self.run_dir) if os.path.isfile(self.jsonl_path) else []
+            with open(self.jsonl_path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows if r.get("step", -1) <= after_step)
+            self._file = open(self.jsonl_path, "a", buffering=1)
+        if self._bar is not None:
+            self._bar.n = after_step + 1
+            self._bar.refresh()
+
+    def close(self, plot: bool = False) -> str | None:
+        """Close every sink; with `plot`, write `<run_dir>/plots.png` and return its path."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
         if self._file is not None:
             self._file.close()
             self._file = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+        if plot and self.rank == 0 and os.path.isfile(self.jsonl_path):
+            from arealite.utils.plots import plot_run
+
+            return plot_run(self.run_dir)
+        return None
+
+
+def _tensorboard_writer(log_dir: str):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise ImportError(
+            "stats_logger.tensorboard=true needs the tensorboard package: pip install tensorboard "
+            "(or set stats_logger.tensorboard=false)"
+        ) from e
+    return SummaryWriter(log_dir)
+
+
+def _wandb_run(run_dir: str, mode: str, name: str, config: dict | None):
+    if mode not in ("offline", "online"):
+        raise ValueError(f"stats_logger.wandb_mode={mode!r} is not supported; use disabled, offline or online")
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError(
+            f"stats_logger.wandb_mode={mode} needs the wandb package: pip install wandb (or set wandb_mode=disabled)"
+        ) from e
+    return wandb.init(mode=mode, dir=run_dir, name=name or None, config=config or {}, reinit=True)
 
 
 def read_stats(run_dir: str) -> list[dict[str, Any]]:

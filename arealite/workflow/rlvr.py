@@ -17,6 +17,7 @@ from arealite.config import GenerationHyperparameters
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest, ModelResponse
+from arealite.utils.seeding import seeded_gconfig
 from arealite.workflow.base import RolloutWorkflow
 from arealite.workflow.prompt import encode_prompt
 from arealite.workflow.scoring import RewardFn, Scorer
@@ -47,9 +48,13 @@ class RLVRWorkflow(RolloutWorkflow):
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
         prompt_ids = encode_prompt(self.tokenizer, data)
         group_id = uuid.uuid4().hex  # one server for the whole group
+        # with gconfig.sampling_seed set, sample i gets a seed of its own (reproducible runs)
+        version = engine.get_version() if self.gconfig.sampling_seed is not None else 0
         requests = [
-            ModelRequest(input_ids=list(prompt_ids), gconfig=self.gconfig, group_id=group_id)
-            for _ in range(self.gconfig.group_size)
+            ModelRequest(
+                input_ids=list(prompt_ids), gconfig=seeded_gconfig(self.gconfig, data, prompt_ids, i, version), group_id=group_id
+            )
+            for i in range(self.gconfig.group_size)
         ]
         responses: list[ModelResponse] = await asyncio.gather(*(engine.agenerate(r) for r in requests))
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)

@@ -1,0 +1,139 @@
+"""Checkpoint and recover: a crashed run continues exactly where its last checkpoint left it.
+
+A checkpoint holds everything the next step depends on: the sharded model and optimizer and
+the lr schedule (`actor.save_checkpoint`, DCP), every rank's dataloader position and RNG
+states, the step and weight version, and the stats logger's state. Layout:
+
+    <run_dir>/checkpoints/step_<n>/     train_state/ (DCP), rank<r>.pt, meta.json
+    <run_dir>/checkpoints/latest        "step_<n>", written last
+
+A checkpoint is written to `step_<n>.partial` and renamed, and `latest` is replaced
+atomically after that, so a run killed while saving resumes from the previous checkpoint.
+`recover.mode=auto` loads `latest` when it exists; the loop then starts at `step + 1`, and
+the caller pushes the restored weights to the servers again (`sync_weights`), because the
+servers may hold newer or older ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from arealite import distributed as dist_utils
+from arealite.config import RecoverConfig
+from arealite.utils.seeding import rng_state, set_rng_state
+
+
+class RecoverError(RuntimeError):
+    """No checkpoint where one was required, or one that cannot be loaded."""
+
+
+@dataclass
+class RecoverInfo:
+    """What a checkpoint says about the run: the last finished step and the weight version."""
+
+    step: int  # the last step whose update is in the checkpoint
+    version: int  # weight version of the checkpointed parameters
+    extra: dict[str, Any] = field(default_factory=dict)  # caller state (e.g. evaluation history)
+
+
+class Recover:
+    """Saves checkpoints every `config.freq_steps` steps and loads the latest one. Collective."""
+
+    def __init__(self, config: RecoverConfig, run_dir: str, rank: int = 0) -> None:
+        self.config = config
+        self.root = os.path.join(os.path.abspath(run_dir), "checkpoints")
+        self.rank = rank
+
+    # ---- saving -------------------------------------------------------------------------
+
+    def should_save(self, step: int, total_steps: int) -> bool:
+        """Every `freq_steps` steps (counting from 1) and after the last step."""
+        if self.config.mode == "disabled":
+            return False
+        done = step + 1
+        return done == total_steps or (self.config.freq_steps > 0 and done % self.config.freq_steps == 0)
+
+    def save(self, step: int, version: int, actor: Any, dataloader: Any, stats_logger: Any = None, extra: dict | None = None) -> str:
+        """Write the checkpoint of finished `step`; collective. Returns its folder."""
+        name = f"step_{step}"
+        final, partial = os.path.join(self.root, name), os.path.join(self.root, name + ".partial")
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(partial)
+        dist_utils.barrier()
+        actor.save_checkpoint(os.path.join(partial, "train_state"))
+        local = {"dataloader": dataloader.state_dict() if dataloader is not None else None, "rng": rng_state()}
+        torch.save(local, os.path.join(partial, f"rank{self.rank}.pt"))
+        dist_utils.barrier()
+        if self.rank == 0:
+            meta = {"step": step, "version": version, "world_size": dist_utils.world_size(), "extra": extra or {}}
+            if stats_logger is not None:
+                meta["stats_logger"] = stats_logger.state_dict()
+            with open(os.path.join(partial, "meta.json"), "w") as f:
+                json.dump(meta, f)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(partial, final)
+            _write_atomic(os.path.join(self.root, "latest"), name)
+            self._prune(keep=name)
+        dist_utils.barrier()
+        return final
+
+    def _prune(self, keep: str) -> None:
+        steps = sorted(
+            (int(d.split("_")[1]), d) for d in os.listdir(self.root) if d.startswith("step_") and not d.endswith(".partial")
+        )
+        for _, d in steps[: max(0, len(steps) - self.config.keep_last)]:
+            if d != keep:
+                shutil.rmtree(os.path.join(self.root, d), ignore_errors=True)
+
+    # ---- loading ------------------------------------------------------------------------
+
+    def latest(self) -> str | None:
+        """The folder of the latest complete checkpoint, or None."""
+        pointer = os.path.join(self.root, "latest")
+        if not os.path.isfile(pointer):
+            return None
+        with open(pointer) as f:
+            path = os.path.join(self.root, f.read().strip())
+        return path if os.path.isfile(os.path.join(path, "meta.json")) else None
+
+    def load(self, actor: Any, dataloader: Any, stats_logger: Any = None) -> RecoverInfo | None:
+        """Restore the latest checkpoint per `config.mode`; None when starting fresh. Collective."""
+        if self.config.mode == "disabled":
+            return None
+        path = self.latest()
+        if path is None:
+            if self.config.mode == "resume":
+                raise RecoverError(f"recover.mode=resume but {self.root} holds no checkpoint; use recover.mode=auto")
+            return None
+        with open(os.path.join(path, "meta.json")) as f:
+            meta = json.load(f)
+        if meta["world_size"] != dist_utils.world_size():
+            raise RecoverError(
+                f"checkpoint {path} was written by {meta['world_size']} trainer ranks but this run has "
+                f"{dist_utils.world_size()}; relaunch with launcher.n_trainers={meta['world_size']}"
+            )
+        actor.load_checkpoint(os.path.join(path, "train_state"))
+        local = torch.load(os.path.join(path, f"rank{self.rank}.pt"), weights_only=False)
+        if dataloader is not None and local["dataloader"] is not None:
+            dataloader.load_state_dict(local["dataloader"])
+        set_rng_state(local["rng"])
+        if stats_logger is not None and "stats_logger" in meta:
+            stats_logger.load_state_dict(meta["stats_logger"], after_step=meta["step"])
+        dist_utils.barrier()
+        return RecoverInfo(step=meta["step"], version=meta["version"], extra=meta.get("extra", {}))
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

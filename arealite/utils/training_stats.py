@@ -1,0 +1,32 @@
+"""Statistics of a trajectory batch (DESIGN §5) over all trainer ranks, for the stats row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from arealite import distributed as dist_utils
+from arealite.utils.stats_tracker import StatsTracker
+
+
+def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Reward, response length and prompt length of the global batch; collective."""
+    attn = batch["attention_mask"].bool()  # [B, T]
+    loss_mask = batch["loss_mask"].bool()  # [B, T]
+    response_len = loss_mask.sum(-1).float()  # [B]
+    tracker.masked_mean("reward", batch["rewards"].float())
+    tracker.masked_mean("response_len", response_len)
+    tracker.masked_mean("prompt_len", (attn.sum(-1) - response_len).float())
+    return tracker.export()
+
+
+def gather_prompt_ids(records: list[dict[str, Any]]) -> list[str]:
+    """The `id`s of every rank's prompts of this step, in rank order; collective."""
+    ids = [str(r.get("id", "")) for r in records]
+    if not (dist_utils.is_initialized() and dist_utils.world_size() > 1):
+        return ids
+    gathered: list[list[str] | None] = [None] * dist_utils.world_size()
+    dist.all_gather_object(gathered, ids)
+    return [i for part in gathered for i in (part or [])]
