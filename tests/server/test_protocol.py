@@ -76,6 +76,11 @@ def test_stop_token_ids_and_min_new_tokens(server):
     assert len(out["output_ids"]) == 10 and out["meta_info"]["finish_reason"]["type"] == "length"
 
 
+def test_generate_accepts_put(server):
+    status, out = server.request("PUT", "/generate", {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}})
+    assert status == 200 and out["meta_info"]["completion_tokens"] == 2
+
+
 def test_max_new_tokens_zero_and_default(server):
     out = gen(server, sampling_params={"max_new_tokens": 0})[1]
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
