@@ -69,6 +69,19 @@ def eos_token_ids(model_path: str, tokenizer, config) -> set[int]:
     return ids
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Reject values that would only fail later, naming the flag and what to pass."""
+    for flag in ("max_running_requests", "max_prefill_tokens", "stream_interval"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    for flag in ("context_length", "max_total_tokens", "torch_threads"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1 (or omitted), got {value}")
+    if not os.path.isdir(args.model_path):
+        raise SystemExit(f"--model-path {args.model_path!r} is not a directory; pass a local HF model folder")
+
+
 def build_state(args: argparse.Namespace) -> ServerState:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     runner = ModelRunner(args.model_path, args.dtype, device)
@@ -98,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     from arealite.server.app import serve
 
     args = build_parser().parse_args(argv)
+    check_args(args)
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s %(name)s %(levelname)s] %(message)s")
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
