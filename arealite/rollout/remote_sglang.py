@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import os
 import threading
 import time
@@ -33,13 +32,12 @@ from arealite.config import InferenceEngineConfig
 from arealite.rollout import protocol
 from arealite.rollout.errors import GenerationError, RolloutError, ServerUnavailable, TransientServerError
 from arealite.rollout.executor import WorkflowExecutor
+from arealite.rollout.health import HealthMonitor
 from arealite.rollout.loop import EventLoopThread
 from arealite.rollout.servers import ServerPool
 from arealite.rollout.transport import make_session, request
 from arealite.rollout.weight_update import WeightUpdater
 from arealite.types import ModelRequest, ModelResponse, WeightUpdateMeta
-
-logger = logging.getLogger(__name__)
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
 _MAX_BACKOFF = 5.0  # seconds, the cap of the exponential backoff between retries
@@ -72,9 +70,9 @@ class RemoteSGLangEngine:
         self._paused = False
         self._unpaused: asyncio.Event | None = None
         self._context_length: dict[str, int | None] = {}
-        self._probe_task: asyncio.Task | None = None
         self.executor = WorkflowExecutor(config, self)
         self.weights = WeightUpdater(self)
+        self.health = HealthMonitor(self)
         # counters for the stats logger
         self.stats: dict[str, int] = {"requests": 0, "interruptions": 0, "retries": 0, "failovers": 0}
 
@@ -96,7 +94,7 @@ class RemoteSGLangEngine:
         deadline = time.monotonic() + self.config.setup_timeout
         waiting = list(self.pool.addresses)
         while waiting:
-            results = await asyncio.gather(*(self._probe(a) for a in waiting))
+            results = await asyncio.gather(*(self.health.probe(a) for a in waiting))
             waiting = [a for a, ok in zip(waiting, results) if not ok]
             if waiting and time.monotonic() > deadline:
                 raise ServerUnavailable(
@@ -106,8 +104,8 @@ class RemoteSGLangEngine:
             if waiting:
                 await asyncio.sleep(0.5)
         for address in self.pool.addresses:
-            self._context_length[address] = await self._fetch_context_length(address)
-        self._probe_task = asyncio.get_running_loop().create_task(self._probe_down_servers())
+            self._context_length[address] = await self.health.context_length(address)
+        self.health.start()
 
     def destroy(self) -> None:
         """Cancel running workflows, close the HTTP session and stop the loop thread."""
@@ -120,8 +118,7 @@ class RemoteSGLangEngine:
 
     async def _adestroy(self) -> None:
         await self.executor.acancel_all()
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        self.health.stop()
         if self._session is not None:
             await self._session.close()
 
@@ -180,8 +177,7 @@ class RemoteSGLangEngine:
             try:
                 status, reply = await request(self._session, "POST", address, path, body, self.config.request_timeout)
             except TransientServerError as e:
-                logger.warning("%s; taking %s out of rotation", e, address)
-                self.pool.mark_down(address)
+                self.health.take_out(address, str(e))
                 return
             if status != 200:
                 raise RolloutError(f"POST {path} returned {status}: {protocol.error_message(reply)}", address)
@@ -239,7 +235,7 @@ class RemoteSGLangEngine:
                 resp.stop_reason = "length"  # the context is full
                 break
             try:
-                chunk = await self._generate_once(address, prompt, req, now_budget, resp.output_len)
+                chunk = await self._call_server(address, prompt, req, now_budget, resp.output_len)
             except TransientServerError as e:
                 failures = await self._after_failure(address, e, failures)
                 continue
@@ -261,6 +257,22 @@ class RemoteSGLangEngine:
                 await asyncio.sleep(0.05)  # aborted while queued: don't spin
         resp.latency = time.monotonic() - started
         return resp
+
+    async def _call_server(
+        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int
+    ) -> protocol.GenerateChunk:
+        """One /generate call, abandoned as a transient failure if the server leaves the
+        rotation meanwhile (a hung server never closes the connection)."""
+        left = self.health.left_rotation(address)
+        call = asyncio.ensure_future(self._generate_once(address, prompt, req, max_new_tokens, produced))
+        try:
+            await asyncio.wait((call, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not call.done():
+                call.cancel()
+        if not call.done() or call.cancelled():  # cancel() only takes effect at the task's next step
+            raise TransientServerError("server left the rotation during the request", address, req.rid)
+        return call.result()
 
     async def _generate_once(
         self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int
@@ -298,10 +310,8 @@ class RemoteSGLangEngine:
     async def _after_failure(self, address: str, error: TransientServerError, failures: int) -> int:
         """Decide what a failed call means: a dead server leaves the rotation (the request moves
         on without using a retry); a live one is retried with exponential backoff."""
-        if self.pool.is_healthy(address) and not await self._probe(address):
-            logger.warning("server %s failed its health check after %s; taking it out of rotation", address, error)
-            self.pool.mark_down(address)
-            self.stats["failovers"] += 1
+        if self.pool.is_healthy(address) and not await self.health.probe(address):
+            self.health.take_out(address, f"a request failed ({error}) and so did a health probe")
             return failures
         if not self.pool.is_healthy(address):  # another request already took it out
             return failures
@@ -315,45 +325,6 @@ class RemoteSGLangEngine:
         self.stats["retries"] += 1
         await asyncio.sleep(min(_MAX_BACKOFF, 0.2 * 2 ** (failures - 1)))
         return failures
-
-    # ---- health ---------------------------------------------------------------------------
-
-    async def _probe(self, address: str) -> bool:
-        try:
-            status, _ = await request(self._session, "GET", address, "/health", None, self.config.health_check_timeout)
-        except TransientServerError:
-            return False
-        return status == 200
-
-    async def _fetch_context_length(self, address: str) -> int | None:
-        """The server's context length, from /v1/models (max_model_len) or /get_server_info."""
-        for path, read in (
-            ("/v1/models", lambda r: r["data"][0]["max_model_len"]),
-            ("/get_server_info", lambda r: r["context_length"]),
-        ):
-            try:
-                status, reply = await request(self._session, "GET", address, path, None, self.config.health_check_timeout)
-                if status == 200 and read(reply) is not None:
-                    return int(read(reply))
-            except (TransientServerError, KeyError, IndexError, TypeError, ValueError):
-                continue
-        return None
-
-    async def _probe_down_servers(self) -> None:
-        """Bring servers back into rotation once they answer /health (and hold current weights)."""
-        while True:
-            await asyncio.sleep(self.config.health_check_interval)
-            for address in self.pool.down:
-                if not await self._probe(address):
-                    continue
-                try:
-                    await self.weights.aresync(address)
-                except RolloutError as e:
-                    logger.warning("server %s is back but could not be given current weights: %s", address, e)
-                    continue
-                self._context_length[address] = await self._fetch_context_length(address)
-                logger.info("server %s is healthy again; back in rotation", address)
-                self.pool.mark_up(address)
 
     def export_stats(self) -> dict[str, int]:
         """Counters of the client and its executor, prefixed for a stats logger."""

@@ -13,7 +13,6 @@ them. A server that is out of rotation is skipped and brought up to date when it
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import TYPE_CHECKING, Any
 
 from arealite.rollout import protocol
@@ -23,8 +22,6 @@ from arealite.types import WeightUpdateMeta
 
 if TYPE_CHECKING:
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
-
-logger = logging.getLogger(__name__)
 
 
 class WeightUpdater:
@@ -53,9 +50,8 @@ class WeightUpdater:
         done = 0
         for address, result in zip(addresses, results):
             if isinstance(result, BaseException):
-                if isinstance(result.__cause__, TransientServerError) and not await self._engine._probe(address):
-                    logger.warning("server %s died during %s; out of rotation until it is back", address, path)
-                    self._engine.pool.mark_down(address)
+                if isinstance(result.__cause__, TransientServerError) and not await self._engine.health.probe(address):
+                    self._engine.health.take_out(address, f"it died during {path}; it gets the weights when back")
                     continue
                 raise result
             done += 1

@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import threading
 import time
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
