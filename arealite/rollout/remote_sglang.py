@@ -4,9 +4,9 @@ It runs an event loop in a background thread (one aiohttp session for every requ
 offers:
 - `agenerate(req)`: one sample, surviving interruptions (an `abort` reply has its partial
   output appended to the prompt and is resubmitted with the remaining budget) and server
-  failures (retries with backoff; a server that fails its health check leaves the rotation
-  and the request moves elsewhere). Every output token carries the weight version that
-  produced it.
+  failures (retries with backoff; a server that fails its health checks leaves the rotation,
+  the request moves elsewhere, and the server rejoins once healthy, see health.py). Every
+  output token carries the weight version that produced it.
 - `submit / wait / rollout_batch / prepare_batch`: workflows run by a `WorkflowExecutor`
   under the staleness bound (see executor.py).
 - `pause / resume / update_weights / init_weights_update_group / set_version`: the server

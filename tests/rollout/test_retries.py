@@ -88,3 +88,11 @@ def test_retries_exhausted_is_typed_and_names_server_and_request():
 def test_4xx_is_not_retried():
     with pytest.raises(GenerationError, match="returned 400: overloaded"):
         generate(failures=5, retries=3, status=400)
+
+
+def test_unreachable_server_at_startup_is_named():
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=1.0, health_check_timeout=0.5), [address])
+    with pytest.raises(ServerUnavailable, match=rf"servers \['{address}'\] did not answer /health within setup_timeout=1.0s"):
+        engine.initialize()
+    assert not engine.loop.running  # a failed initialize cleans up its thread
