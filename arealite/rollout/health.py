@@ -93,9 +93,12 @@ class HealthMonitor:
     async def _watch(self) -> None:
         while True:
             await asyncio.sleep(self._engine.config.health_check_interval)
-            if not self._engine.paused:
-                await asyncio.gather(*(self._check_in_rotation(a) for a in self._engine.pool.healthy))
-            await asyncio.gather(*(self._try_rejoin(a) for a in self._engine.pool.down))
+            try:
+                if not self._engine.paused:
+                    await asyncio.gather(*(self._check_in_rotation(a) for a in self._engine.pool.healthy))
+                await asyncio.gather(*(self._try_rejoin(a) for a in self._engine.pool.down))
+            except Exception:  # the watcher must outlive any one bad probe
+                logger.exception("health check round failed; retrying next interval")
 
     async def _check_in_rotation(self, address: str) -> None:
         if await self.probe(address):
