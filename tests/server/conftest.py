@@ -41,15 +41,18 @@ def model_dir(tiny_model_dir, tmp_path_factory) -> str:
     return make_peaky_model(tiny_model_dir, str(tmp_path_factory.mktemp("peaky_model")))
 
 
-def start_server(model_dir: str):
-    return launch_server_process(model_dir, extra_args=["--random-seed", "1"], env={"OMP_NUM_THREADS": "1"})
+def start_server(model_dir: str, log_dir, extra_args: list[str] = ()):
+    """A server with one torch thread and a fixed seed; its log goes under `log_dir`."""
+    log_path = os.path.join(str(log_dir), f"server-{os.urandom(4).hex()}.log")
+    args = ["--random-seed", "1", *extra_args]
+    return launch_server_process(model_dir, extra_args=args, env={"OMP_NUM_THREADS": "1"}, log_path=log_path)
 
 
 @pytest.fixture(scope="session")
-def server(model_dir):
+def server(model_dir, tmp_path_factory):
     """A built-in server shared by the modules that leave its weights alone (a module that
     changes weights defines its own `server`)."""
-    proc = start_server(model_dir)
+    proc = start_server(model_dir, tmp_path_factory.mktemp("server_logs"))
     try:
         yield proc
     finally:

@@ -12,7 +12,7 @@ import aiohttp
 import psutil
 import pytest
 
-from arealite.server.process import launch_server_process
+from tests.server.conftest import start_server
 
 pytestmark = pytest.mark.timeout(240)
 KEY = "sesame"
@@ -21,9 +21,9 @@ MAX_RUNNING = 16
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
-    args = ["--api-key", KEY, "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", "2048", "--random-seed", "3"]
-    with launch_server_process(model_dir, extra_args=args, env={"OMP_NUM_THREADS": "1"}) as proc:
+def server(model_dir, tmp_path_factory):
+    args = ["--api-key", KEY, "--max-running-requests", str(MAX_RUNNING), "--max-total-tokens", "2048"]
+    with start_server(model_dir, tmp_path_factory.mktemp("server_logs"), args) as proc:
         yield proc
 
 

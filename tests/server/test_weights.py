@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from arealite.server.process import free_port, launch_server_process
+from arealite.server.process import free_port
 from tests.server.conftest import make_peaky_model, start_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -39,9 +39,9 @@ TRAINER = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
+def server(model_dir, tmp_path_factory):
     """This module changes the served weights, so it gets a server of its own."""
-    with start_server(model_dir) as proc:
+    with start_server(model_dir, tmp_path_factory.mktemp("server_logs")) as proc:
         yield proc
 
 
@@ -64,7 +64,7 @@ def _specs(model_dir: str) -> list[tuple[str, str, list[int]]]:
     return [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in model.state_dict().items()]
 
 
-def test_distributed_update_equals_fresh_server(server, new_model_dir):
+def test_distributed_update_equals_fresh_server(server, new_model_dir, tmp_path):
     before = greedy(server)
     port, group = free_port(), "weight_update_group"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -88,7 +88,7 @@ def test_distributed_update_equals_fresh_server(server, new_model_dir):
         print(trainer.stdout.read())
     after = greedy(server)
     assert after != before
-    with launch_server_process(new_model_dir, env={"OMP_NUM_THREADS": "1"}) as fresh:
+    with start_server(new_model_dir, tmp_path) as fresh:
         assert greedy(fresh) == after
     assert server.get("/get_model_info")[1]["weight_version"] == "v1"
     status, out = server.post("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}})
