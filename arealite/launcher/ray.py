@@ -9,6 +9,7 @@ GPU for SGLang runs). Each server actor supervises its server process on its nod
 on the same address, as the local launcher does); each trainer actor runs one rank of SCRIPT
 with the torchrun variables set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 Logs go to `<run_dir>/logs/` (the run directory must be on a filesystem every node sees).
+Actors get this process's AREAL*, OMP_*, NCCL_*, TORCH*, HF_* and similar variables.
 Any failure (a server out of restarts, a rank exiting non-zero, an actor dying) tears
 everything down and exits non-zero.
 """
@@ -16,6 +17,7 @@ everything down and exits non-zero.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 
@@ -33,6 +35,16 @@ from arealite.launcher.signals import Interrupted, raising_on_signals, signals_i
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
 
 CALL_TIMEOUT = 60.0  # seconds for one actor call; Ray can otherwise wait forever
+# Driver variables every actor gets: Ray workers start from their raylet's environment, not
+# this process's, so settings a user exports for the run must be carried over explicitly.
+FORWARDED_ENV_PREFIXES = ("AREAL", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH", "TRITON_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "WANDB_")  # fmt: skip
+
+
+def forwarded_env() -> dict[str, str]:
+    """The variables of this process that actors inherit (see FORWARDED_ENV_PREFIXES), plus PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+    env["PYTHONPATH"] = with_package_path(None)["PYTHONPATH"]  # workers import this checkout's arealite
+    return env
 
 
 @ray.remote
@@ -130,9 +142,9 @@ class RayRun:
     def connect(self) -> str:
         """Join the configured cluster, or start a local one; the host servers bind to."""
         address = self.config.launcher.ray_address or os.environ.get("RAY_ADDRESS", "")
-        # Workers import arealite from the same checkout as this driver.
-        runtime_env = {"env_vars": {"PYTHONPATH": with_package_path(None)["PYTHONPATH"]}}
+        runtime_env = {"env_vars": forwarded_env()}
         if address:
+            _check_reachable(address)
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
             return ""  # each actor binds to its own node's address
         launcher = self.config.launcher
@@ -140,6 +152,7 @@ class RayRun:
         # An explicit CPU count: Ray otherwise sizes the node from the machine and a placement
         # group that does not fit waits forever without a word.
         ray.init(
+            address="local",  # a new cluster, never one that `ray start` left on this machine
             num_cpus=max(needed, os.cpu_count() or 1),
             include_dashboard=False,
             log_to_driver=False,
@@ -262,6 +275,20 @@ class RayRun:
             remove_placement_group(self.pg)
         if ray.is_initialized():
             ray.shutdown()
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast on a cluster address nobody answers at (ray.init would retry for minutes)."""
+    if address == "auto" or address.startswith("ray://") or ":" not in address:
+        return
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        raise LaunchError(
+            f"no Ray cluster answers at launcher.ray_address / RAY_ADDRESS = {address!r} ({e}); "
+            "start one with `ray start --head`, or leave both empty to start a local cluster"
+        ) from e
 
 
 def _resolve_backend(config: GRPOConfig) -> str:

@@ -82,8 +82,10 @@ def launch(tmp_path):
     """Start `python -m arealite.launcher.<kind> [options] trainer_script.py key=value ...`."""
     started: list[LaunchedRun] = []
 
-    def _launch(kind: str, overrides: list[str], mode: str = "ok", options: tuple[str, ...] = ()) -> LaunchedRun:
-        env = dict(os.environ, OMP_NUM_THREADS="1", LAUNCHER_TEST_MODE=mode, PYTHONPATH=str(REPO_ROOT))
+    def _launch(
+        kind: str, overrides: list[str], mode: str = "ok", options: tuple[str, ...] = (), env: dict | None = None
+    ) -> LaunchedRun:
+        env = dict(os.environ, OMP_NUM_THREADS="1", AREAL_TEST_TRAINER_MODE=mode, PYTHONPATH=str(REPO_ROOT), **(env or {}))
         args = [f"fileroot={tmp_path}", "experiment_name=launch", "trial_name=t", *overrides]
         cmd = [sys.executable, "-m", f"arealite.launcher.{kind}", *options, TRAINER, *args]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 
 import pytest
 
 from arealite.config import GRPOConfig, load_config
-from arealite.launcher.local import main
+from arealite.launcher.launch_args import parse_launch_args
+from arealite.launcher.local import LocalRun, main
+from arealite.launcher.process import ManagedProcess
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,11 +44,14 @@ def test_two_servers_two_trainers(launch, tiny_model_dir):
     assert not run.alive_pids()
 
 
-def test_trainer_exit_code_is_returned(launch, tiny_model_dir):
-    run = launch("local", [f"actor.path={tiny_model_dir}"], mode="fail")
-    code, _, err = run.finish()
-    assert code == 3, err
-    assert "trainer exited with code 3" in err
+def test_trainer_exit_status_is_returned(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    run = LocalRun(parse_launch_args([str(script), f"fileroot={tmp_path}"], "local"))
+    for code, expected in (("raise SystemExit(3)", 3), ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137)):
+        run.trainer = ManagedProcess("trainer", [sys.executable, "-c", code], str(tmp_path / "trainer.log"))
+        run.trainer.start()
+        assert run.supervise() == expected  # no servers: only the trainer is watched
 
 
 def test_killed_server_without_restarts_stops_everything(launch, tiny_model_dir):

@@ -4,13 +4,73 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
+import time
 
 import pytest
 
 pytest.importorskip("ray", reason="the Ray launcher needs the 'ray' extra: pip install -e .[ray]")
 
+from arealite.launcher import ports  # noqa: E402
+
 pytestmark = pytest.mark.timeout(300)
+
+
+def _session_members(sid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[3]) == sid:  # state ppid pgrp session
+                        members.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return members
+
+
+# Head, workers and driver must agree on these, so every process of these tests gets them.
+# Ray maps 127.0.0.1 to the machine's network address unless told this is a one-machine
+# cluster. Ray 2.60 turns token auth on by default and a client that disagrees with the head
+# retries silently; on a loopback-only test cluster it is off for all.
+LOOPBACK_CLUSTER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """An existing Ray cluster on loopback (`ray start --head`), shared by this module's tests."""
+    port = ports.free_ports(1)[0]
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    # A private temp dir: Ray records the cluster in <temp-dir>/ray_current_cluster, where a
+    # bare ray.init() elsewhere on this machine would otherwise find and join it.
+    temp_dir = tempfile.mkdtemp(prefix="rt")  # short: Ray's socket paths must stay < 108 bytes
+    cmd = [ray_cli, "start", "--head", "--block", f"--port={port}", "--num-cpus=8", "--node-ip-address=127.0.0.1"]
+    cmd += ["--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
+    log = open(tmp_path_factory.mktemp("ray") / "head.log", "w")
+    env = dict(os.environ, **LOOPBACK_CLUSTER_ENV)
+    head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while ports.port_is_free("127.0.0.1", port):
+            if head.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"ray start --head did not come up; see {log.name}")
+            time.sleep(0.3)
+        yield f"127.0.0.1:{port}"
+    finally:
+        # SIGKILL the whole session: workers sit in their own process groups, and SIGTERM
+        # makes the head drain for 30 s.
+        for pid in _session_members(head.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        head.wait(timeout=30)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def _trainers_started(run, n: int):
@@ -38,19 +98,21 @@ def test_two_servers_two_ranks_as_actors(launch, tiny_model_dir):
     assert not run.alive_pids()
 
 
-def test_killed_server_without_restarts_tears_everything_down(launch, tiny_model_dir):
-    run = launch("ray", [f"actor.path={tiny_model_dir}"], mode="wait")
+def test_killed_server_without_restarts_tears_everything_down(launch, tiny_model_dir, ray_cluster):
+    overrides = [f"actor.path={tiny_model_dir}", f"launcher.ray_address={ray_cluster}"]
+    run = launch("ray", overrides, mode="wait", env=LOOPBACK_CLUSTER_ENV)
     run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
     below = run.descendants()
     pid = _kill_first_server(run)
     code, _, err = run.finish(timeout=180)
-    assert code != 0
+    assert code != 0, err
     assert f"server-0 (pid {pid}" in err and "restarts used: 0 of 0" in err
     assert not run.alive_pids(extra=below), "a process of the run (server, rank, Ray daemon or worker) outlived it"
 
 
-def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir):
-    run = launch("ray", [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1"], mode="wait")
+def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir, ray_cluster):
+    overrides = [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1", f"launcher.ray_address={ray_cluster}"]
+    run = launch("ray", overrides, mode="wait", env=LOOPBACK_CLUSTER_ENV)
     run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
     old_pid = _kill_first_server(run)
     run.wait_for(lambda: len([p for p in run.processes() if p["name"] == "server-0"]) == 2, what="a restart")

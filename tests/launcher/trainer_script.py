@@ -1,6 +1,6 @@
 """A small trainer for launcher tests: talks to every server, checks its rank environment.
 
-Modes (env LAUNCHER_TEST_MODE):
+Modes (env AREAL_TEST_TRAINER_MODE):
 - ok (default): one /generate on every server, write <run_dir>/rank<R>.json, exit 0.
 - fail: exit 3 after the same checks.
 - wait: keep calling /generate (tolerating a server that is down) until <run_dir>/stop
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     open(os.path.join(run_dir, "trainer-pids", str(os.getpid())), "w").close()
     addrs = os.environ["AREAL_LLM_SERVER_ADDRS"].split(",")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    mode = os.environ.get("LAUNCHER_TEST_MODE", "ok")
+    mode = os.environ.get("AREAL_TEST_TRAINER_MODE", "ok")
     outputs = [generate(a)["output_ids"] for a in addrs]
     if mode == "wait":
         stop = os.path.join(run_dir, "stop")

@@ -1,0 +1,92 @@
+"""One supervised inference server, run as a task of a Slurm job step.
+
+    python -m arealite.launcher.serve --config RUN_DIR/config.yaml --run-dir RUN_DIR --backend builtin
+
+The server index is `--index`, else $SLURM_PROCID. The server binds to this node's address
+on a free port, and once it answers `/health` its `host:port` is published in
+`RUN_DIR/servers/server-<i>.addr`, where the trainer job reads it. A dead server is
+restarted on the same address up to `launcher.max_server_restarts` times; after that this
+process exits 1 with a message naming the server, which ends the job step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+
+from arealite.config import GRPOConfig, load_config
+from arealite.launcher import ports
+from arealite.launcher.server_cmd import server_command
+from arealite.launcher.signals import Interrupted, raising_on_signals, signals_ignored
+from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
+
+POLL_INTERVAL = 0.5
+
+
+def address_file(run_dir: str, index: int) -> str:
+    """Where server `index` publishes its address for the trainer."""
+    return os.path.join(run_dir, "servers", f"server-{index}.addr")
+
+
+def _publish(path: str, addr: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(addr + "\n")
+    os.replace(tmp, path)  # readers never see a half-written address
+
+
+def serve(config: GRPOConfig, run_dir: str, backend: str, index: int) -> None:
+    """Start server `index`, publish its address once healthy, supervise it until killed."""
+    name = f"server-{index}"
+    record_process(run_dir, f"supervisor:{name}", os.getpid())
+    host = socket.gethostbyname(socket.gethostname())
+    port = ports.free_ports(1, host)[0]
+    server = SupervisedServer(
+        name=name,
+        cmd=server_command(config, host, port, backend),
+        host=host,
+        port=port,
+        log_path=os.path.join(run_dir, "logs", f"{name}.log"),
+        max_restarts=config.launcher.max_server_restarts,
+        start_timeout=config.launcher.server_start_timeout,
+        on_start=lambda n, pid, addr: record_process(run_dir, n, pid, addr),
+    )
+    try:
+        server.start()
+        server.wait_healthy()
+        _publish(address_file(run_dir, index), server.addr)
+        while True:
+            time.sleep(POLL_INTERVAL)
+            server.check()
+    finally:
+        with signals_ignored():
+            server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m arealite.launcher.serve", description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True, help="the run's resolved config.yaml")
+    p.add_argument("--run-dir", required=True, help="the run directory (logs, addresses)")
+    p.add_argument("--backend", required=True, choices=["builtin", "sglang"])
+    p.add_argument("--index", type=int, default=None, help="server index; default $SLURM_PROCID")
+    a = p.parse_args(argv)
+    index = a.index if a.index is not None else int(os.environ.get("SLURM_PROCID", "0"))
+    config = load_config(["--config", a.config], GRPOConfig)
+    try:
+        with raising_on_signals():
+            serve(config, a.run_dir, a.backend, index)
+    except LaunchError as e:
+        log(f"run failed: {e}")
+        return 1
+    except Interrupted as e:
+        log(f"server-{index}: {e} received; server stopped")
+        return 128 + e.signum
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

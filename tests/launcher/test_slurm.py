@@ -1,0 +1,91 @@
+"""The Slurm launcher against a real single-node Slurm (.ci/slurm_setup.sh starts one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from arealite.launcher.slurm import main
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _slurm_ready() -> None:
+    """Skip without Slurm binaries outside CI; in CI (or with binaries) fail if Slurm is not up."""
+    if shutil.which("sbatch") is None and not os.environ.get("CI"):
+        pytest.skip("Slurm is not installed (no sbatch); run .ci/slurm_setup.sh as root to install and start it")
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
+    if "is UP" not in ping.stdout:
+        pytest.fail(f"slurmctld is not answering ({ping.stdout.strip()}); run .ci/slurm_setup.sh as root")
+
+
+@pytest.fixture
+def slurm():
+    _slurm_ready()
+
+
+def _trainers_started(run, n: int):
+    return lambda: (run.run_dir / "trainer-pids").is_dir() and len(os.listdir(run.run_dir / "trainer-pids")) >= n
+
+
+def _kill_first_server(run) -> int:
+    pid = next(p["pid"] for p in run.processes() if p["name"] == "server-0")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def test_dry_run_prints_both_scripts_without_submitting(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    argv = [f"fileroot={tmp_path}", "actor.path=/m", "launcher.n_servers=3", "launcher.n_trainers=4"]
+    argv += ["launcher.trainer_nodes=2", "launcher.slurm_partition=gpu", "launcher.slurm_sbatch_args=[--account=rl]"]
+    assert main(["--dry-run", str(script), *argv]) == 0
+    out = capsys.readouterr().out
+    assert out.count("#!/bin/bash") == 2 and "--dry-run" not in out
+    assert "#SBATCH --ntasks=3" in out and "#SBATCH --nodes=2" in out and "--nproc-per-node=2" in out
+    assert out.count("#SBATCH --partition=gpu") == 2 and out.count("#SBATCH --account=rl") == 2
+    assert "srun --kill-on-bad-exit=1" in out and "-m arealite.launcher.serve" in out
+    assert (tmp_path / "arealite" / "trial0" / "slurm" / "trainer.sbatch").is_file()
+
+
+def test_two_servers_two_ranks_through_sbatch(slurm, launch, tiny_model_dir):
+    run = launch("slurm", [f"actor.path={tiny_model_dir}", "launcher.n_servers=2", "launcher.n_trainers=2"])
+    code, out, err = run.finish(timeout=240)
+    assert code == 0, err
+    assert "rank 1/2 talked to 2 server(s)" in out  # the trainer's output is streamed
+    ranks = [json.loads((run.run_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [(r["rank"], r["world_size"], r["local_rank"]) for r in ranks] == [(0, 2, 0), (1, 2, 1)]
+    assert len(set(ranks[0]["addrs"])) == 2 and all(len(o) == 2 for o in ranks[0]["outputs"])
+    for name in ("server-0.log", "server-1.log", "slurm-servers.out", "slurm-trainer.out"):
+        assert (run.run_dir / "logs" / name).stat().st_size > 0
+    assert not run.alive_pids()
+
+
+def test_killed_server_without_restarts_cancels_everything(slurm, launch, tiny_model_dir):
+    run = launch("slurm", [f"actor.path={tiny_model_dir}"], mode="wait")
+    run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
+    pid = _kill_first_server(run)
+    code, _, err = run.finish(timeout=180)
+    assert code != 0
+    assert f"server-0 (pid {pid}" in err and "restarts used: 0 of 0" in err and "cancelled every job" in err
+    assert len(run.all_pids()) >= 4  # supervisor, server, torchrun, rank
+    assert not run.alive_pids()
+
+
+def test_killed_server_is_restarted_and_run_completes(slurm, launch, tiny_model_dir):
+    run = launch("slurm", [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1"], mode="wait")
+    run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
+    old_pid = _kill_first_server(run)
+    run.wait_for(lambda: len([p for p in run.processes() if p["name"] == "server-0"]) == 2, what="a restart")
+    (run.run_dir / "stop").touch()
+    code, _, err = run.finish(timeout=180)
+    assert code == 0, err
+    assert "restarting on the same address (1 of 1)" in err
+    servers = [p for p in run.processes() if p["name"] == "server-0"]
+    assert servers[0]["addr"] == servers[1]["addr"] and servers[1]["pid"] != old_pid
+    assert not run.alive_pids()
