@@ -134,7 +134,8 @@ class Scheduler:
             self.paused = True
             if cmd[1] == "retract":
                 self._retract_all()
-            cmd[2].set_result(None)
+            if not cmd[2].done():  # the waiting HTTP call may have gone away
+                cmd[2].set_result(None)
         elif kind == "resume":
             self.paused = False
         elif kind == "stop":
