@@ -21,6 +21,7 @@ from arealite.data.loader import create_dataloader, filter_by_prompt_length, loa
 from arealite.distributed import barrier, init_distributed
 from arealite.eval import Evaluator
 from arealite.eval.task import held_out_records, reward_fn_for
+from arealite.reward.pool import RewardPool
 from arealite.rollout import RemoteSGLangEngine
 from arealite.train import PPOActor
 from arealite.utils.recover import Recover
@@ -51,12 +52,13 @@ def main(argv: list[str]) -> None:
     actor = PPOActor(config.actor, config.total_train_steps)
     actor.initialize()
     reward_fn = reward_fn_for(config)
-    workflow = RLVRWorkflow(reward_fn, config.gconfig, tokenizer)
+    reward_pool = RewardPool(max_workers=2)  # shared by training and evaluation
+    workflow = RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool)
     stats_logger = StatsLogger.from_config(config, rank)
     evaluator = None
     if config.evaluator.freq_steps:
         held_out = held_out_records(config, tokenizer)
-        evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size)
+        evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size, reward_pool)
 
     recover = Recover(config.recover, config.run_dir, rank)
     resumed = recover.load(actor, loader, stats_logger)
@@ -100,6 +102,7 @@ def main(argv: list[str]) -> None:
         stats_logger.commit(config.total_train_steps, {**final, "eval/version": version})
     plot = stats_logger.close(plot=config.stats_logger.plot)
     rollout.destroy()
+    reward_pool.close()
     actor.destroy()
     if rank == 0 and accuracy:
         if plot:

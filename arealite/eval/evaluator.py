@@ -34,7 +34,10 @@ def eval_gconfig(config: EvaluatorConfig, gconfig: GenerationHyperparameters) ->
 
 
 class Evaluator:
-    """Held-out evaluation with a rollout engine; `evaluate()` is collective over trainer ranks."""
+    """Held-out evaluation with a rollout engine; `evaluate()` is collective over trainer ranks.
+
+    `reward_pool` lets the training workflow's pool be shared (worker start-up is slow).
+    """
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class Evaluator:
         tokenizer: Any,
         rank: int = 0,
         world_size: int = 1,
+        reward_pool: Any = None,
     ) -> None:
         if not records:
             raise ValueError("Evaluator got no held-out records; check valid_dataset / evaluator.num_samples")
@@ -53,7 +57,7 @@ class Evaluator:
         chosen = records[: config.num_samples] if config.num_samples else records
         self.n_prompts = len(chosen)
         self.records = chosen[rank::world_size]
-        self.workflow = RLVRWorkflow(reward_fn, eval_gconfig(config, gconfig), tokenizer)
+        self.workflow = RLVRWorkflow(reward_fn, eval_gconfig(config, gconfig), tokenizer, reward_pool)
 
     def should_run(self, step: int, total_steps: int) -> bool:
         """Before step 0, every `freq_steps` steps, and after the last step."""
