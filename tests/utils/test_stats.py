@@ -1,0 +1,112 @@
+"""StatsTracker means against naive loops (1 and 2 ranks); StatsLogger rows, recovery and plots."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from arealite.utils.stats_logger import StatsLogger, read_stats
+from arealite.utils.stats_tracker import StatsTracker
+
+
+def test_masked_mean_and_extrema_equal_a_naive_loop():
+    torch.manual_seed(0)
+    tracker = StatsTracker()
+    values, masks = [torch.randn(3, 5) for _ in range(3)], [torch.rand(3, 5) > 0.5 for _ in range(3)]
+    for v, m in zip(values, masks):
+        tracker.masked_mean("x", v, m)
+    kept = [float(x) for v, m in zip(values, masks) for x, k in zip(v.flatten(), m.flatten()) if k]
+    out = tracker.export()
+    assert out["x"] == pytest.approx(sum(kept) / len(kept))
+    assert out["x_max"] == pytest.approx(max(kept)) and out["x_min"] == pytest.approx(min(kept))
+    assert tracker.export() == {}, "export resets the tracker"
+
+
+def test_mask_shape_mismatch_names_the_stat():
+    with pytest.raises(ValueError, match="'reward'"):
+        StatsTracker().masked_mean("reward", torch.zeros(4), torch.ones(3, dtype=torch.bool))
+
+
+def _two_rank_worker(rank: int, port: int, out: dict) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tracker = StatsTracker()
+    # unequal shares: rank 0 holds 1 value, rank 1 holds 3
+    tracker.masked_mean("r", torch.tensor([1.0]) if rank == 0 else torch.tensor([2.0, 3.0, 10.0]))
+    out[rank] = tracker.export()
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_reduce_to_the_global_mean_not_the_mean_of_means():
+    from arealite.server.process import free_port
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_two_rank_worker, args=(free_port(), out), nprocs=2, join=True)
+        results = dict(out)
+    for rank in (0, 1):
+        assert results[rank]["r"] == pytest.approx(16.0 / 4)  # mean of means would be 3.25
+        assert results[rank]["r_max"] == 10.0 and results[rank]["r_min"] == 1.0
+
+
+def test_logger_rows_and_recovery_truncation(tmp_path):
+    logger = StatsLogger(str(tmp_path), jsonl=True)
+    for step in range(4):
+        logger.commit(step, {"reward": step / 10, "prompt_ids": [f"p{step}"], "nan": float("nan")})
+    logger.close()
+    rows = read_stats(str(tmp_path))
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[0]["nan"] is None and rows[2]["prompt_ids"] == ["p2"]
+
+    # a run recovered from the checkpoint of step 1 rewrites steps 2 and 3, keeping the clock
+    resumed = StatsLogger(str(tmp_path), jsonl=True)
+    resumed.load_state_dict({"elapsed_s": 100.0}, after_step=1)
+    resumed.commit(2, {"reward": 0.9})
+    resumed.close()
+    rows = read_stats(str(tmp_path))
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["reward"] == 0.9 and rows[-1]["elapsed_s"] >= 100.0
+
+
+def test_only_rank_zero_writes(tmp_path):
+    logger = StatsLogger(str(tmp_path / "r1"), rank=1)
+    logger.commit(0, {"reward": 1.0})
+    logger.close()
+    assert not os.path.exists(tmp_path / "r1" / "stats.jsonl")
+
+
+def test_missing_optional_backends_fail_naming_the_fix(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_wandb(name, *a, **kw):
+        if name == "wandb":
+            raise ImportError("no wandb here")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    with pytest.raises(ImportError, match="wandb_mode=disabled"):
+        StatsLogger(str(tmp_path), wandb_mode="offline")
+    with pytest.raises(ValueError, match="wandb_mode='sometimes'"):
+        StatsLogger(str(tmp_path), wandb_mode="sometimes")
+
+
+def test_plot_writes_a_png_with_every_panel(tmp_path):
+    pytest.importorskip("matplotlib")
+    from arealite.utils.plots import main, plot_run
+
+    with open(tmp_path / "stats.jsonl", "w") as f:
+        for step in range(5):
+            row = {"step": step, "reward": step / 5, "loss": 1 - step / 5, "logprob_mismatch": 1e-6, "time/step": 1.0}
+            if step % 2 == 0:
+                row.update({"eval/version": step, "eval/pass@1": step / 10, "eval/pass@4": step / 5, "eval/maj@4": step / 8})
+            f.write(json.dumps(row) + "\n")
+    path = plot_run(str(tmp_path))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert main([str(tmp_path / "missing")]) == 2
