@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,11 @@ import time
 from statistics import mean
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so `with launch_server_process(...)` stops its server."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
 
 def cpu_seconds() -> float:
@@ -107,7 +113,9 @@ def run_arealite(args: argparse.Namespace) -> dict:
     """The examples/gsm8k_grpo.py loop against one built-in server; returns per-step figures."""
     from transformers import AutoTokenizer
 
-    from arealite.config import GenerationHyperparameters, InferenceEngineConfig, OptimizerConfig, PPOActorConfig
+    from arealite.config import (
+        GenerationHyperparameters, InferenceEngineConfig, MicroBatchSpec, OptimizerConfig, PPOActorConfig,
+    )
     from arealite.data.arithmetic import arithmetic_reward_fn, make_arithmetic_dataset
     from arealite.data.loader import create_dataloader
     from arealite.distributed import barrier, init_distributed
@@ -130,6 +138,7 @@ def run_arealite(args: argparse.Namespace) -> dict:
             PPOActorConfig(
                 path=args.model, group_size=args.group_size, eps_clip=0.2, adv_norm="group", loss_agg_mode="token-mean",
                 optimizer=OptimizerConfig(lr=args.lr, gradient_clipping=1.0),
+                mb_spec=MicroBatchSpec(max_tokens_per_mb=args.max_tokens_per_mb),
             )
         ).initialize()  # fmt: skip
         workflow = RLVRWorkflow(arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(args.model))
@@ -161,6 +170,7 @@ def side_main(args: argparse.Namespace) -> None:
     """Subprocess entry: run one side, write its figures as JSON."""
     import torch
 
+    exit_on_sigterm()
     torch.set_num_threads(args.threads)
     result = run_trl(args) if args.side == "trl" else run_arealite(args)
     with open(args.out, "w") as f:
@@ -174,6 +184,7 @@ def launch_side(side: str, args: argparse.Namespace, model: str, workdir: str) -
         "--workdir", os.path.join(workdir, side), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
         "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
         "--lr", str(args.lr), "--seed", str(args.seed), "--offpolicyness", str(args.offpolicyness),
+        "--max-tokens-per-mb", str(args.max_tokens_per_mb),
     ]  # fmt: skip
     env = {
         **os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
@@ -223,6 +234,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads of every process on both sides")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
+    # One packed micro-batch of all tokens makes CPU attention quadratic in the batch's tokens
+    # (a dense block-diagonal mask); a token budget keeps the trainer's step linear.
+    p.add_argument("--max-tokens-per-mb", type=int, default=512, help="arealite's mb_spec.max_tokens_per_mb")
     p.add_argument("--repeats", type=int, default=1, help="runs per side, alternating TRL and arealite")
     p.add_argument("--offpolicyness", type=int, default=0, help="arealite's max_head_offpolicyness (0: on-policy like TRL)")
     p.add_argument("--side", choices=["trl", "arealite"], help=argparse.SUPPRESS)
