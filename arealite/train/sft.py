@@ -24,8 +24,8 @@ from arealite.workflow.prompt import encode_prompt
 
 
 def completion_text(record: dict[str, Any]) -> str:
-    """The supervised target of a record: `completion`, else `answer`."""
-    for key in ("completion", "answer"):
+    """The supervised target of a record: `completion`, else `solution` (GSM8K's worked answer), else `answer`."""
+    for key in ("completion", "solution", "answer"):
         if key in record:
             return str(record[key])
     raise KeyError(f"SFT record (keys {sorted(record)}) has no target; give it 'completion' or 'answer'")
