@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import multiprocessing
 import os
 import pickle
@@ -32,7 +33,10 @@ class RewardTimeout(RewardError):
 
 
 def _call(fn: Callable[..., float], args: tuple, kwargs: dict[str, Any]) -> float:
-    return float(fn(*args, **kwargs))
+    value = float(fn(*args, **kwargs))
+    if not math.isfinite(value):  # a NaN/inf score would poison group-normalised advantages
+        raise ValueError(f"reward returned {value}; a reward must be a finite float")
+    return value
 
 
 def _worker_init() -> None:
@@ -126,6 +130,13 @@ class RewardPool:
                 continue
             try:
                 return await asyncio.wait_for(asyncio.wrap_future(future), self.timeout)
+            except asyncio.CancelledError:
+                # Cancelled while queued in a pool that another call's timeout replaced: run it
+                # again in the new pool. A cancellation of this task itself still propagates.
+                task = asyncio.current_task()
+                if not future.cancelled() or (task is not None and getattr(task, "cancelling", lambda: 0)()):
+                    raise
+                continue
             except asyncio.TimeoutError:
                 self._replace(pool)
                 raise RewardTimeout(f"reward {getattr(fn, '__name__', fn)} took longer than {self.timeout}s") from None
