@@ -16,6 +16,7 @@ with fewer sequences than that runs zero-weight filler micro-batches.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable
 
 import torch
@@ -42,6 +43,9 @@ ModelBuilder = Callable[[str, str], torch.nn.Module]
 def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
     """The default model builder: an HF causal LM in fp32 (master weights)."""
     from transformers import AutoModelForCausalLM
+
+    if not os.path.isdir(path):  # else transformers reports a confusing hub repo-id error
+        raise FileNotFoundError(f"model folder {path!r} does not exist; set actor.path (or ref.path) to a local HF model folder")
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
 
