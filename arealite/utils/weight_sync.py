@@ -39,7 +39,7 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
         if future is not None:
             future.result()
     if rank == 0:
-        confirm_server_versions(rollout.pool.addresses, meta.version)
+        confirm_server_versions(rollout.pool.healthy, meta.version)  # a down server resyncs on rejoin
     barrier()  # servers hold the new weights before anyone resumes
     rollout.set_version(meta.version)
     actor.set_version(meta.version)
