@@ -31,7 +31,7 @@ from arealite.launcher.launch_args import LaunchArgs, parse_launch_args
 from arealite.launcher.local import POLL_INTERVAL
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, with_package_path
 from arealite.launcher.server_cmd import server_command
-from arealite.launcher.signals import Interrupted, raising_on_signals, signals_ignored
+from arealite.launcher.signals import Interrupted, raising_on_signals, reclaim_signals, signals_ignored
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
 
 CALL_TIMEOUT = 60.0  # seconds for one actor call; Ray can otherwise wait forever
@@ -251,6 +251,7 @@ class RayRun:
         save_config(self.config, os.path.join(self.run_dir, "config.yaml"))
         try:
             host = self.connect()
+            reclaim_signals()
             backend = _resolve_backend(self.config)
             run_setup_commands(self.config.launcher.setup_commands, os.path.join(self.run_dir, "logs"))
             self.reserve(backend)

@@ -45,6 +45,14 @@ def raising_on_signals() -> contextlib.AbstractContextManager[None]:
     return _handlers(_raise_interrupted)
 
 
+def reclaim_signals() -> None:
+    """Inside `raising_on_signals`: take SIGINT/SIGTERM back from a library that replaced our
+    handlers (ray.init installs one that aborts the process, skipping all cleanup)."""
+    if threading.current_thread() is threading.main_thread():
+        for s in _SIGNALS:
+            signal.signal(s, _raise_interrupted)
+
+
 def signals_ignored() -> contextlib.AbstractContextManager[None]:
     """Within the block (cleanup), SIGINT/SIGTERM are ignored."""
     return _handlers(signal.SIG_IGN)

@@ -54,6 +54,14 @@ def job_state(job_id: str) -> tuple[str, int | None]:
     return state, code if (code or state == "COMPLETED") else 1  # cancelled or failed without a code
 
 
+def _finished(job_id: str) -> bool:
+    """True once the job has ended; a job Slurm no longer knows (purged) has ended too."""
+    try:
+        return job_state(job_id)[1] is not None
+    except LaunchError:
+        return True
+
+
 class LogFollower:
     """Copies what was appended to a file since the last call onto a stream."""
 
@@ -148,7 +156,7 @@ class SlurmRun:
         deadline = time.monotonic() + timeout
         pending = set(self.jobs.values())
         while pending and time.monotonic() < deadline:
-            pending = {j for j in pending if job_state(j)[1] is None}
+            pending = {j for j in pending if not _finished(j)}
             time.sleep(0.5)
         if pending:
             log(f"jobs {sorted(pending)} still not finished {timeout:.0f}s after scancel")

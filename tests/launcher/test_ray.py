@@ -112,3 +112,16 @@ def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir, ra
     assert servers[0]["addr"] == servers[1]["addr"] and servers[1]["pid"] != old_pid
     assert not run.alive_pids()
 
+
+
+def test_sigterm_stops_every_actor_and_child(launch, tiny_model_dir, ray_cluster):
+    # ray.init replaces SIGTERM with a handler that aborts the driver; the launcher takes it back.
+    overrides = [f"actor.path={tiny_model_dir}", f"launcher.ray_address={ray_cluster}"]
+    run = launch("ray", overrides, mode="wait", env=LOOPBACK_CLUSTER_ENV)
+    run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
+    run.proc.send_signal(signal.SIGTERM)
+    code, _, err = run.finish(timeout=180)
+    assert code == 128 + signal.SIGTERM, err
+    assert "SIGTERM received; stopped everything" in err
+    assert len(run.all_pids()) >= 4  # two actors, the server, the rank
+    assert not run.alive_pids()
