@@ -8,7 +8,9 @@ set -euo pipefail
 node="$(hostname -s)"
 
 slurm_up() {
-  command -v sinfo >/dev/null 2>&1 && scontrol ping 2>/dev/null | grep -q "is UP" &&
+  # The controller's view lags a dead slurmd by minutes, so the daemons are checked directly too.
+  pgrep -x munged >/dev/null && pgrep -x slurmctld >/dev/null && pgrep -x slurmd >/dev/null &&
+    command -v sinfo >/dev/null 2>&1 && scontrol ping 2>/dev/null | grep -q "is UP" &&
     sinfo -h -N -n "$node" -o "%T" 2>/dev/null | grep -qE "^(idle|mixed|allocated)"
 }
 
