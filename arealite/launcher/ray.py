@@ -116,6 +116,15 @@ class TrainerActor:
             self.proc.stop()
 
 
+def placement_bundles(config: GRPOConfig, backend: str) -> list[dict[str, float]]:
+    """One bundle per server, then one per trainer rank; GPUs only when the servers are SGLang."""
+    launcher = config.launcher
+    gpu = backend == "sglang"
+    server = {"CPU": launcher.cpus_per_server, **({"GPU": launcher.gpus_per_server} if gpu else {})}
+    trainer = {"CPU": launcher.cpus_per_trainer, **({"GPU": 1} if gpu else {})}
+    return [dict(server) for _ in range(launcher.n_servers)] + [dict(trainer) for _ in range(launcher.n_trainers)]
+
+
 def _get(refs, what: str):
     """ray.get with a timeout; an actor that died or hung becomes a LaunchError naming `what`."""
     try:
@@ -164,10 +173,7 @@ class RayRun:
 
     def reserve(self, backend: str) -> None:
         launcher = self.config.launcher
-        gpu = backend == "sglang"
-        server = {"CPU": launcher.cpus_per_server, **({"GPU": launcher.gpus_per_server} if gpu else {})}
-        trainer = {"CPU": launcher.cpus_per_trainer, **({"GPU": 1} if gpu else {})}
-        bundles = [dict(server) for _ in range(launcher.n_servers)] + [dict(trainer) for _ in range(launcher.n_trainers)]
+        bundles = placement_bundles(self.config, backend)
         self.pg = placement_group(bundles, strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=launcher.server_start_timeout)

@@ -125,3 +125,11 @@ def test_sigterm_stops_every_actor_and_child(launch, tiny_model_dir, ray_cluster
     assert "SIGTERM received; stopped everything" in err
     assert len(run.all_pids()) >= 4  # two actors, the server, the rank
     assert not run.alive_pids()
+
+
+def test_allocation_that_does_not_fit_is_reported(launch, ray_cluster):
+    overrides = ["actor.path=/unused", "launcher.cpus_per_server=64", "launcher.server_start_timeout=3"]
+    run = launch("ray", [*overrides, f"launcher.ray_address={ray_cluster}"], env=LOOPBACK_CLUSTER_ENV)
+    code, _, err = run.finish(timeout=120)
+    assert code == 1
+    assert "cannot place [{'CPU': 64}, {'CPU': 1}]" in err and "Lower launcher.cpus_per_*" in err
