@@ -17,18 +17,19 @@ import threading
 import time
 
 _PR_SET_PDEATHSIG = 1
+try:  # loaded now: the child must not dlopen between fork and exec (other threads may hold locks)
+    _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+except OSError:
+    _LIBC = None
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 class LaunchError(RuntimeError):
     """A process of the run failed; the message names it and says why."""
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
 
 
 def tail(path: str, n_lines: int = 30) -> str:
