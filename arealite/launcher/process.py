@@ -159,7 +159,8 @@ def _copy_lines(pipe, log) -> None:
             log.write(line)
             log.flush()
             try:
-                sys.stdout.buffer.write(line)
+                binary = getattr(sys.stdout, "buffer", None)  # absent when a caller swapped stdout
+                binary.write(line) if binary is not None else sys.stdout.write(line.decode("utf-8", "replace"))
                 sys.stdout.flush()
             except (ValueError, OSError):
                 pass  # our stdout is gone; keep the log complete
