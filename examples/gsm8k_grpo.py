@@ -107,7 +107,7 @@ def main(argv: list[str]) -> None:
     if rank == 0 and accuracy:
         if plot:
             print(f"plots: {plot}", flush=True)
-        before, after = accuracy.get("0"), accuracy[max(accuracy, key=int)]
+        before, after = accuracy.get("0", float("nan")), accuracy[max(accuracy, key=int)]
         print(f"eval_accuracy_before={before:.4f} eval_accuracy_after={after:.4f}", flush=True)
 
 

@@ -1,0 +1,32 @@
+"""The README's main command is wired as documented: its setup commands build the model the
+SFT warm start reads and write the model the actor trains; the GPU config is what the docs say.
+(The main job itself takes minutes; its measured run is reported in docs/production.md.)"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from arealite.config import GRPOConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_tiny_cpu_setup_commands_chain_model_sft_and_actor():
+    config = load_config(["--config", str(REPO / "configs" / "tiny_cpu.yaml")], GRPOConfig)
+    build, sft = (shlex.split(c) for c in config.launcher.setup_commands)
+    assert build[:3] == ["python", "-m", "arealite.tools.tiny_model"] and build[3] == config.sft.base_path
+    assert sft[:3] == ["python", "-m", "arealite.tools.sft_warmstart"] and sft[3:] == ["--config", "configs/tiny_cpu.yaml"]
+    assert config.actor.path != config.sft.base_path, "the warm start must not overwrite its own base model"
+    assert config.evaluator.freq_steps > 0 and config.gconfig.sampling_seed is not None
+    assert config.rollout.max_head_offpolicyness == 0 and config.recover.mode == "auto"
+    assert config.train_dataset.type == "arithmetic" and config.server.backend == "builtin"
+    assert config.actor.group_size == config.gconfig.group_size
+
+
+def test_gsm8k_gpu_config_is_async_with_the_decoupled_loss():
+    config = load_config(["--config", str(REPO / "configs" / "gsm8k_grpo.yaml")], GRPOConfig)
+    assert config.rollout.max_head_offpolicyness == 2 and config.actor.use_decoupled_loss
+    assert config.server.backend == "sglang" and "Qwen2.5-1.5B-Instruct" in config.actor.path
+    assert config.valid_dataset is not None and config.evaluator.freq_steps > 0
+    assert config.actor.group_size == config.gconfig.group_size
