@@ -27,6 +27,7 @@ SERVER_ARGS = ("--torch-threads", "1", "--log-level", "warning", "--skip-server-
 
 
 def start_builtin(model_dir: str, log_dir: Path, extra_args: tuple[str, ...] = ()) -> ServerProcess:
+    log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"server-{len(list(log_dir.iterdir()))}.log"
     return launch_server_process(model_dir, extra_args=SERVER_ARGS + extra_args, log_path=str(log))
 
