@@ -59,10 +59,10 @@ class Evaluator:
         self.records = chosen[rank::world_size]
         self.workflow = RLVRWorkflow(reward_fn, eval_gconfig(config, gconfig), tokenizer, reward_pool)
 
-    def should_run(self, step: int, total_steps: int) -> bool:
-        """Before step 0, every `freq_steps` steps, and after the last step."""
+    def should_run(self, version: int, total_steps: int) -> bool:
+        """At weight version 0 (before training), every `freq_steps` versions, and after the last step."""
         f = self.config.freq_steps
-        return f > 0 and (step % f == 0 or step == total_steps)
+        return f > 0 and (version % f == 0 or version == total_steps)
 
     def evaluate(self, rollout: Any) -> dict[str, float]:
         """`eval/pass@1`, `eval/pass@k`, `eval/maj@k`, `eval/n_prompts`, `eval/time_s` over all ranks."""

@@ -53,5 +53,6 @@ class StatsTracker:
                 t = torch.tensor([table.get(k, empty) for k in keys], dtype=torch.float64)
                 dist_utils.all_reduce(t, op)
                 out.update({k: v for k, v in zip(keys, t.tolist()) if abs(v) != float("inf")})
-        self.__init__()
+        for table in (self._sum, self._count, self._max, self._min):
+            table.clear()
         return out

@@ -101,4 +101,5 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
     init = _weights(Path(tiny_model_dir))
     assert max((ref_w[k] - init[k]).abs().max().item() for k in init) > 1e-4, "training did not move the weights"
     diff = max((ref_w[k] - rec_w[k]).abs().max().item() for k in ref_w)
+    print(f"max |weight difference| recovered vs uninterrupted: {diff}")
     assert diff <= 1e-5, f"recovered run ends {diff} away from the uninterrupted one"
