@@ -1,7 +1,7 @@
 """Wall time of N GRPO steps at max_head_offpolicyness 0, 2 and 4, side by side in one run.
 
-    PYTHONPATH=. python benchmarks/async_speedup.py [--steps 8] [--max-new-tokens 512] \
-        [--batch-size 2] [--group-size 4] [--offpolicyness 0 2 4] [--no-pin]
+    PYTHONPATH=. python benchmarks/async_speedup.py [--steps 12] [--max-new-tokens 128] \
+        [--batch-size 4] [--group-size 4] [--offpolicyness 0 2 4] [--no-pin]
 
 A setting where generation latency dominates: the tiny random Qwen2 (arealite.tools.tiny_model)
 writes long completions (`--max-new-tokens`, EOS still ends a sample) on one built-in
@@ -144,10 +144,10 @@ def launch_setting(k: int, args: argparse.Namespace, model: str, workdir: str) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=8, help="steps per setting, all timed")
-    p.add_argument("--batch-size", type=int, default=2, help="prompts per step")
+    p.add_argument("--steps", type=int, default=12, help="steps per setting, all timed")
+    p.add_argument("--batch-size", type=int, default=4, help="prompts per step")
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1)
     # One packed micro-batch of all tokens makes CPU attention quadratic in the batch's tokens

@@ -1,7 +1,7 @@
 """GRPO steps/s of arealite next to TRL's GRPOTrainer: same model, task, batch and lengths, one run.
 
     PYTHONPATH=. python benchmarks/vs_trl.py [--steps 8] [--batch-size 8] [--group-size 4] \
-        [--max-new-tokens 32] [--threads 2] [--offpolicyness 0]
+        [--max-new-tokens 32] [--threads 1] [--offpolicyness 0] [--repeats 1]
 
 Needs TRL (`pip install -e .[bench]`). Both sides train the tiny random Qwen2 from
 `arealite.tools.tiny_model` on the synthetic arithmetic task with the same prompts, group
@@ -231,7 +231,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     p.add_argument("--group-size", type=int, default=4, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of every process on both sides")
+    # 1 by default: on a busy 2-core machine two OpenMP threads per process mostly spin (10x slower, both sides)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of every process on both sides")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
     # One packed micro-batch of all tokens makes CPU attention quadratic in the batch's tokens
