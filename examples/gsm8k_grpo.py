@@ -28,7 +28,8 @@ from arealite.utils.recover import Recover
 from arealite.utils.stats_logger import StatsLogger
 from arealite.utils.stats_tracker import StatsTracker
 from arealite.utils.timing import StepTimer
-from arealite.utils.training_stats import batch_stats, gather_prompt_ids
+from arealite.utils.data_feed import DataFeed
+from arealite.utils.training_stats import batch_stats
 from arealite.utils.weight_sync import disk_update_meta, sync_weights
 from arealite.workflow import RLVRWorkflow
 
@@ -53,7 +54,8 @@ def main(argv: list[str]) -> None:
     actor.initialize()
     reward_fn = reward_fn_for(config)
     reward_pool = RewardPool(max_workers=2)  # shared by training and evaluation
-    workflow = RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool)
+    feed = DataFeed(loader)  # remembers prompts handed out but not yet trained (exact recovery)
+    workflow = feed.tag(RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool))
     stats_logger = StatsLogger.from_config(config, rank)
     evaluator = None
     if config.evaluator.freq_steps:
@@ -61,13 +63,14 @@ def main(argv: list[str]) -> None:
         evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size, reward_pool)
 
     recover = Recover(config.recover, config.run_dir, rank)
-    resumed = recover.load(actor, loader, stats_logger)
+    resumed = recover.load(actor, feed, stats_logger)
     start, version = (resumed.step + 1, resumed.version) if resumed else (0, 0)
     accuracy = resumed.extra.get("accuracy", {}) if resumed else {}  # version -> held-out pass@1
     if resumed:  # the servers may hold other weights than the checkpoint's
         sync_weights(actor, rollout, disk_update_meta(config.run_dir, version), rank, barrier)
 
-    data_iter, tracker, timer = iter(loader), StatsTracker(), StepTimer()
+    asynchronous = config.rollout.max_head_offpolicyness > 0
+    feed_iter, tracker, timer = iter(feed), StatsTracker(), StepTimer()
     for step in range(start, config.total_train_steps):
         stats = {}
         if evaluator and evaluator.should_run(version, config.total_train_steps):
@@ -76,23 +79,23 @@ def main(argv: list[str]) -> None:
             accuracy[str(version)] = stats["eval/pass@1"]
         with timer("step"):
             with timer("rollout"):
-                if config.rollout.max_head_offpolicyness > 0:
-                    batch = rollout.prepare_batch(loader, workflow)
+                if asynchronous:
+                    batch = rollout.prepare_batch(feed, workflow)
                 else:
-                    prompts = next(data_iter, None) or next(data_iter := iter(loader))
+                    prompts = next(feed_iter, None) or next(feed_iter := iter(feed))
                     batch = rollout.rollout_batch(prompts, workflow)
-                    stats["prompt_ids"] = gather_prompt_ids(prompts)
             with timer("train"):
                 if config.actor.recompute_logprob:
                     batch["prox_logp"] = actor.compute_logp(batch, temperature=config.gconfig.temperature)
                 actor.compute_advantages(batch)
                 train_stats = actor.ppo_update(batch)
+                stats["prompt_ids"] = feed.consume(batch if asynchronous else None)
             with timer("weight_sync"):
                 version = step + 1
                 sync_weights(actor, rollout, disk_update_meta(config.run_dir, version), rank, barrier)
             with timer("save"):
                 if recover.should_save(step, config.total_train_steps):
-                    recover.save(step, version, actor, loader, stats_logger, {"accuracy": accuracy})
+                    recover.save(step, version, actor, feed, stats_logger, {"accuracy": accuracy})
         stats.update(batch_stats(tracker, batch), **train_stats[-1], version=version, **timer.pop())
         stats_logger.commit(step, stats)
 

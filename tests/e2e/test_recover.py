@@ -29,7 +29,7 @@ KILL_AFTER = "[weight-sync] version 4 confirmed"  # step 3 updated and synced, n
 pytestmark = pytest.mark.timeout(400)
 
 
-def _trainer(model: str, fileroot: Path, trial: str, server_addr: str) -> subprocess.Popen:
+def _trainer(model: str, fileroot: Path, trial: str, server_addr: str, *extra: str) -> subprocess.Popen:
     env = {
         **os.environ, "OMP_NUM_THREADS": "1", "AREAL_LLM_SERVER_ADDRS": server_addr,
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
@@ -41,7 +41,7 @@ def _trainer(model: str, fileroot: Path, trial: str, server_addr: str) -> subpro
         "gconfig.sampling_seed=11", "gconfig.group_size=4", "actor.group_size=4", "gconfig.max_new_tokens=6",
         "train_dataset.batch_size=4", "train_dataset.num_samples=64",
         "reward_fn=tests.e2e.varied_reward:even_token_fraction", "rollout.max_head_offpolicyness=0",
-        "evaluator.freq_steps=0", "stats_logger.plot=false", "stats_logger.progress_bar=false",
+        "evaluator.freq_steps=0", "stats_logger.plot=false", "stats_logger.progress_bar=false", *extra,
     ]  # fmt: skip
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -60,11 +60,11 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
 
 
-def _kill_mid_step(proc: subprocess.Popen) -> str:
+def _kill_mid_step(proc: subprocess.Popen, kill_after: str = KILL_AFTER) -> str:
     seen = []
     for line in proc.stdout:  # type: ignore[union-attr]
         seen.append(line)
-        if line.startswith(KILL_AFTER):
+        if line.startswith(kill_after):
             proc.send_signal(signal.SIGKILL)
             break
     proc.wait(timeout=60)
@@ -103,3 +103,27 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
     diff = max((ref_w[k] - rec_w[k]).abs().max().item() for k in ref_w)
     print(f"max |weight difference| recovered vs uninterrupted: {diff}")
     assert diff <= 1e-5, f"recovered run ends {diff} away from the uninterrupted one"
+
+
+def test_async_recovery_trains_every_handed_out_prompt_exactly_once(tmp_path, tiny_model_dir):
+    """Asynchronous rollouts pull prompts ahead of training; the checkpoint remembers the ones
+    handed out but not trained, and the relaunch trains them (none skipped, none twice)."""
+    steps = 8
+    extra = [f"total_train_steps={steps}", "rollout.max_head_offpolicyness=1"]
+    server = launch_server_process(tiny_model_dir, extra_args=["--skip-server-warmup"])
+    try:
+        _kill_mid_step(_trainer(tiny_model_dir, tmp_path, "async", server.address, *extra), "[weight-sync] version 3 confirmed")
+        run_dir = tmp_path / "recover" / "async"
+        latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text()
+        pending = [r["id"] for r in torch.load(latest / "rank0.pt", weights_only=False)["dataloader"]["pending"]]
+        saved_step = json.loads((latest / "meta.json").read_text())["step"]
+        _finish(_trainer(tiny_model_dir, tmp_path, "async", server.address, *extra))
+    finally:
+        server.stop()
+    rows = _rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(steps)), [r["step"] for r in rows]
+    ids = [i for r in rows for i in r["prompt_ids"]]
+    assert len(ids) == len(set(ids)) == steps * 4, "a prompt was trained twice (or a batch is short)"
+    assert pending, "the executor had nothing in flight at the checkpoint: the test proves nothing"
+    later = {i for r in rows if r["step"] > saved_step for i in r["prompt_ids"]}
+    assert set(pending) <= later, f"prompts in flight at the checkpoint were skipped: {set(pending) - later}"

@@ -1,0 +1,85 @@
+"""`DataFeed`: the dataloader as the rollout side sees it, remembering which prompts are out.
+
+The asynchronous executor pulls prompts ahead of training, so a dataloader position alone
+cannot say which prompts a checkpoint has trained. The feed hands out the loader's batches,
+tags every trajectory with its prompt (`prompt_index` [G], via `feed.tag(workflow)`), and
+`consume(batch)` retires the prompts of a trained batch. Its `state_dict()` holds the
+loader's position plus the prompts handed out but not yet trained; after `load_state_dict`
+those are handed out again first, so a recovered run trains every prompt exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from arealite.utils.training_stats import gather_prompt_ids
+
+INDEX_KEY = "prompt_index"  # per-sequence [B] tensor: which handed-out prompt a row came from
+
+
+class DataFeed:
+    """Wraps a (stateful) dataloader of record lists; iterable like it (one epoch per `iter`)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.batch_size = loader.batch_size
+        self._out: dict[int, dict[str, Any]] = {}  # handed out, not yet trained (insertion order)
+        self._replay: list[dict[str, Any]] = []
+        self._next_index = 0
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        while self._replay:
+            chunk, self._replay = self._replay[: self.batch_size], self._replay[self.batch_size :]
+            yield self._hand_out(chunk)
+        for batch in self.loader:
+            yield self._hand_out(list(batch))
+
+    def _hand_out(self, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for r in records:
+            r = {**r, INDEX_KEY: self._next_index}
+            self._out[self._next_index] = r
+            self._next_index += 1
+            out.append(r)
+        return out
+
+    def tag(self, workflow: Any) -> "TaggedWorkflow":
+        """`workflow` whose trajectories carry `prompt_index` (needed by `consume` in async mode)."""
+        return TaggedWorkflow(workflow)
+
+    def consume(self, batch: dict[str, torch.Tensor] | None = None) -> list[str]:
+        """Retire the prompts of a trained batch (all handed-out ones when `batch` is None, the
+        synchronous case); returns every rank's retired prompt ids. Collective."""
+        if batch is None:
+            done = list(self._out)
+        else:
+            done = sorted(set(batch[INDEX_KEY].tolist()), key=lambda i: i)
+        retired = [self._out.pop(i) for i in done if i in self._out]
+        return gather_prompt_ids(retired)
+
+    def state_dict(self) -> dict[str, Any]:
+        pending = [{k: v for k, v in r.items() if k != INDEX_KEY} for r in self._out.values()]
+        return {"loader": self.loader.state_dict(), "pending": pending}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state["loader"])
+        self._replay = list(state["pending"])
+        self._out.clear()
+
+
+class TaggedWorkflow:
+    """Runs the wrapped workflow and adds `prompt_index` [G] to its trajectory."""
+
+    def __init__(self, workflow: Any) -> None:
+        self.workflow = workflow
+
+    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+        inner = {k: v for k, v in data.items() if k != INDEX_KEY}
+        traj = await self.workflow.arun_episode(engine, inner)
+        if traj is not None:
+            rows = traj["attention_mask"].shape[0]
+            traj[INDEX_KEY] = torch.full((rows,), int(data[INDEX_KEY]), dtype=torch.long)
+        return traj
