@@ -140,7 +140,10 @@ class StatsLogger:
         if plot and self.rank == 0 and os.path.isfile(self.jsonl_path):
             from arealite.utils.plots import plot_run
 
-            return plot_run(self.run_dir)
+            try:
+                return plot_run(self.run_dir)
+            except ImportError as e:  # a finished run must not fail over its picture
+                print(f"[stats] no plots: {e}; pip install matplotlib, then python -m arealite.utils.plots {self.run_dir}")
         return None
 
 
