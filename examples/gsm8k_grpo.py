@@ -30,7 +30,7 @@ from arealite.utils.stats_tracker import StatsTracker
 from arealite.utils.timing import StepTimer
 from arealite.utils.data_feed import DataFeed
 from arealite.utils.training_stats import batch_stats
-from arealite.utils.weight_sync import disk_update_meta, sync_weights
+from arealite.utils.weight_sync import init_weight_update, sync_weights
 from arealite.workflow import RLVRWorkflow
 
 
@@ -62,12 +62,13 @@ def main(argv: list[str]) -> None:
         held_out = held_out_records(config, tokenizer)
         evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size, reward_pool)
 
+    meta_for = init_weight_update(actor, rollout, config.weight_update, config.run_dir, rank)
     recover = Recover(config.recover, config.run_dir, rank)
     resumed = recover.load(actor, feed, stats_logger)
     start, version = (resumed.step + 1, resumed.version) if resumed else (0, 0)
     accuracy = resumed.extra.get("accuracy", {}) if resumed else {}  # version -> held-out pass@1
     if resumed:  # the servers may hold other weights than the checkpoint's
-        sync_weights(actor, rollout, disk_update_meta(config.run_dir, version), rank, barrier)
+        sync_weights(actor, rollout, meta_for(version), rank, barrier)
 
     asynchronous = config.rollout.max_head_offpolicyness > 0
     feed_iter, tracker, timer = iter(feed), StatsTracker(), StepTimer()
@@ -92,7 +93,7 @@ def main(argv: list[str]) -> None:
                 stats["prompt_ids"] = feed.consume(batch if asynchronous else None)
             with timer("weight_sync"):
                 version = step + 1
-                sync_weights(actor, rollout, disk_update_meta(config.run_dir, version), rank, barrier)
+                sync_weights(actor, rollout, meta_for(version), rank, barrier)
             with timer("save"):
                 if recover.should_save(step, config.total_train_steps):
                     recover.save(step, version, actor, feed, stats_logger, {"accuracy": accuracy})

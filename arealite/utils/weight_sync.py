@@ -11,9 +11,44 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import urllib.request
+from collections.abc import Callable
 
 from arealite.types import WeightUpdateMeta
+
+
+def init_weight_update(actor, rollout, kind: str, run_dir: str, rank: int) -> Callable[[int], WeightUpdateMeta]:
+    """Set up the weight transport once (collective); returns `meta_for(version)`.
+
+    `kind="disk"`: HF safetensors under `<run_dir>/weights/v<N>`. `kind="distributed"`: every
+    server joins a process group with the trainer's rank 0 (which hosts it on MASTER_ADDR and
+    a free port) and receives broadcasts; no files are written.
+    """
+    if kind == "disk":
+        return lambda version: disk_update_meta(run_dir, version)
+    if kind != "distributed":
+        raise ValueError(f"weight_update={kind!r} is not supported; use 'disk' or 'distributed'")
+    import torch
+
+    meta = WeightUpdateMeta(
+        type="distributed",
+        master_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=_free_port() if rank == 0 else 0,
+        backend="nccl" if torch.cuda.is_available() else "gloo",
+    )
+    meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))
+    if rank == 0:
+        joined = rollout.init_weights_update_group(meta)  # servers block until rank 0 joins
+        actor.init_weight_update_group(meta, 1 + len(rollout.pool.addresses))
+        joined.result()
+    return lambda version: dataclasses.replace(meta, version=version)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 def disk_update_meta(run_dir: str, version: int) -> WeightUpdateMeta:
@@ -33,7 +68,8 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
         if rank == 0:
             rollout.update_weights(meta).result()
     else:
-        meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta)) if hasattr(meta, "buckets") else meta
+        if not meta.buckets:
+            meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))
         future = rollout.update_weights(meta) if rank == 0 else None
         actor.upload_weights(meta)  # rank 0 broadcasts while the servers receive
         if future is not None:

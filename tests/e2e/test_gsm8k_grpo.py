@@ -27,7 +27,8 @@ def _weights(folder: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("weight_update", ["disk", "distributed"])
+def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir, weight_update):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [
         sys.executable, "-m", "arealite.launcher.local", str(REPO / "examples" / "gsm8k_grpo.py"),
@@ -36,6 +37,7 @@ def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir):
         f"actor.path={tiny_model_dir}", "launcher.setup_commands=[]",
         "reward_fn=tests.e2e.varied_reward:even_token_fraction",
         "total_train_steps=2", "launcher.n_servers=2", "launcher.n_trainers=2",
+        f"weight_update={weight_update}", "evaluator.freq_steps=0",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     run_dir = tmp_path / "e2e" / "t"
@@ -48,11 +50,19 @@ def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir):
     assert steps[:2] == [0, 1], rows
     assert all(0.0 <= r["reward"] <= 1.0 for r in rows if "reward" in r)
 
-    # the weights changed: the version-2 upload differs from the initial model
-    before, after = _weights(tiny_model_dir), _weights(str(run_dir / "weights" / "v2"))
-    assert before.keys() == after.keys()
-    moved = max((after[k] - before[k]).abs().max().item() for k in before)
-    assert moved > 1e-6, "the trained weights equal the initial ones"
+    # the servers sampled step 1 with the weights the trainer had after step 0's update:
+    # their logprobs match the trainer's recomputation at the same weights
+    step1 = next(r for r in rows if r.get("step") == 1 and "logprob_mismatch" in r)
+    assert step1["logprob_mismatch"] <= 1e-4, step1
+    assert all(r["grad_norm"] > 0 and not r["update_skipped"] for r in rows if "grad_norm" in r)
+
+    if weight_update == "disk":  # the weights changed: the version-2 upload differs from the initial model
+        before, after = _weights(tiny_model_dir), _weights(str(run_dir / "weights" / "v2"))
+        assert before.keys() == after.keys()
+        moved = max((after[k] - before[k]).abs().max().item() for k in before)
+        assert moved > 1e-6, "the trained weights equal the initial ones"
+    else:
+        assert not (run_dir / "weights").exists()  # nothing went through the disk
 
     # both servers report the new weight version after the last sync
     servers = [json.loads(line) for line in (run_dir / "processes.jsonl").read_text().splitlines() if line.strip()]
