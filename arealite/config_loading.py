@@ -1,0 +1,133 @@
+"""Loading configs: `--config file.yaml` plus `key=value` overrides into real dataclasses.
+
+Works for any dataclass tree (omegaconf does the merging). An unknown key fails naming its
+dotted path and the closest valid names; a wrong type fails naming the field and the
+expected type; validation in the dataclasses' `__post_init__` raises `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import fields, is_dataclass
+from typing import Any, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+C = TypeVar("C")
+
+
+def _dataclass_keys(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def _field_type(cls: type, name: str) -> type | None:
+    """The dataclass type of field `name` of `cls` (unwrapping `X | None`), or None."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    tp = hints.get(name)
+    for arg in typing.get_args(tp) or (tp,):
+        if isinstance(arg, type) and is_dataclass(arg):
+            return arg
+    return None
+
+
+def _check_keys(cls: type, data: Any, prefix: str) -> None:
+    """Fail on the first unknown key, naming its dotted path and the closest valid names."""
+    if not isinstance(data, dict):
+        return
+    valid = _dataclass_keys(cls)
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
+            raise ConfigError(
+                f"unknown config key '{path}'{hint} Valid keys under '{prefix.rstrip('.') or cls.__name__}': {valid}"
+            )
+        sub = _field_type(cls, key)
+        if sub is not None:
+            _check_keys(sub, value, f"{path}.")
+
+
+def _parse_argv(argv: list[str]) -> tuple[str | None, list[str]]:
+    config_path: str | None = None
+    overrides: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg == "--config":
+            config_path = next(it, None)
+            if config_path is None:
+                raise ConfigError("--config needs a YAML file path: --config configs/x.yaml")
+        elif arg.startswith("--config="):
+            config_path = arg.split("=", 1)[1]
+        elif "=" in arg and not arg.startswith("-"):
+            overrides.append(arg)
+        else:
+            raise ConfigError(f"cannot parse argument {arg!r}; expected --config FILE or key=value overrides")
+    return config_path, overrides
+
+
+def load_config(argv: list[str], cls: type[C]) -> C:
+    """Build a `cls` instance from `--config FILE.yaml` plus `key=value` overrides.
+
+    Raises ConfigError naming the dotted path of an unknown key (with close matches), the
+    field and expected type of a wrongly typed value, or a missing config file.
+    """
+    config_path, overrides = _parse_argv(list(argv))
+    layers: list[DictConfig] = []
+    if config_path is not None:
+        if not os.path.isfile(config_path):
+            raise ConfigError(f"config file {config_path!r} does not exist (cwd: {os.getcwd()})")
+        try:
+            loaded = OmegaConf.load(config_path)
+        except Exception as e:  # yaml syntax errors
+            raise ConfigError(f"cannot parse config file {config_path!r}: {e}") from e
+        layers.append(loaded)
+    if overrides:
+        try:
+            layers.append(OmegaConf.from_dotlist(overrides))
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"cannot parse overrides {overrides}: {e}") from e
+    for layer in layers:
+        _check_keys(cls, OmegaConf.to_container(layer, resolve=False), "")
+    schema = OmegaConf.structured(cls)
+    try:
+        merged = OmegaConf.merge(schema, *layers)
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except (ValidationError, ConfigKeyError) as e:
+        key = getattr(e, "full_key", None) or "?"
+        expected = _expected_type(cls, str(key))
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"config field '{key}' expects {expected}: {msg}") from e
+
+
+def _expected_type(cls: type, dotted: str) -> str:
+    import typing
+
+    owner: Any = cls
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        nxt = _field_type(owner, part)
+        if nxt is None:
+            return "a valid value"
+        owner = nxt
+    try:
+        tp = typing.get_type_hints(owner).get(parts[-1])
+    except Exception:
+        return "a valid value"
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def save_config(config: Any, path: str) -> None:
+    """Write the resolved config as YAML (the run directory's record of what ran)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))
