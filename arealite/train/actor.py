@@ -2,9 +2,15 @@
 
 Typical step (DESIGN §1), every call collective over trainer ranks:
 
-    batch["prox_logp"] = actor.compute_logp(batch)
     actor.compute_advantages(batch)          # writes batch["advantages"] (and "returns")
     stats = actor.ppo_update(batch)          # one dict per optimizer step (ppo_n_minibatches)
+
+`prox_logp`, the log-probs under the weights before the update, costs no extra forward when
+the update is one optimizer step (`ppo_n_minibatches == 1`): micro-batches only accumulate
+gradients, so the loss forward's own log-probs, detached, are exactly those (TRL's
+`num_iterations=1`). With several optimizer steps `ppo_update` recomputes it first with
+`compute_logp`, and a KL-in-reward `compute_advantages` does the same because it reads it.
+A `batch["prox_logp"]` the caller sets is always used as is.
 
 Which loss variant runs is chosen by config fields that name functions in
 `arealite.algo.losses` (aggregation, ratio level, KL estimator); advantages come from
@@ -48,15 +54,26 @@ class PPOActor(FSDPEngine):
         return batch_token_logprobs(self, batch, temp)
 
     def compute_advantages(self, batch: Batch) -> Batch:
-        """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it."""
-        batch.update(estimate_advantages(batch, self.config))
+        """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it.
+
+        A KL-in-reward penalty reads `prox_logp`: if the batch lacks it (and
+        `recompute_logprob` is on) it is computed here first and left in `batch`, so the
+        update uses the same values; collective then.
+        """
+        cfg = self.config
+        kl_reads_prox = cfg.recompute_logprob and cfg.kl_ctl > 0 and cfg.kl_in_reward
+        if kl_reads_prox and "prox_logp" not in batch:
+            batch["prox_logp"] = self.compute_logp(batch)
+        batch.update(estimate_advantages(batch, cfg))
         return batch
 
     def ppo_update(self, batch: Batch) -> list[dict[str, float]]:
         """`ppo_n_minibatches` optimizer steps over this rank's batch; stats per step.
 
-        Needs `advantages` (compute_advantages) and, for the decoupled loss, `prox_logp`
-        (compute_logp). Without `prox_logp` the behaviour `logprobs` are the old policy.
+        Needs `advantages` (compute_advantages). The old policy of the PPO ratio, `prox_logp`:
+        the batch's own if set; else, with `recompute_logprob`, the log-probs at the current
+        weights (taken from the loss forward itself when there is one optimizer step, from a
+        `compute_logp` pass before the first step otherwise); else the behaviour `logprobs`.
         """
         cfg = self.config
         for key in ("advantages", "loss_mask", "logprobs"):
@@ -64,11 +81,11 @@ class PPOActor(FSDPEngine):
                 hint = " (call actor.compute_advantages(batch) first)" if key == "advantages" else ""
                 raise KeyError(f"ppo_update needs batch[{key!r}]{hint}")
         if "prox_logp" not in batch:
-            if cfg.use_decoupled_loss:
-                raise KeyError(
-                    "actor.use_decoupled_loss=true needs batch['prox_logp']: set it to actor.compute_logp(batch)"
-                )
-            batch = {**batch, "prox_logp": batch["logprobs"]}
+            if not cfg.recompute_logprob:
+                batch = {**batch, "prox_logp": batch["logprobs"]}
+            elif cfg.ppo_n_minibatches > 1:  # later minibatches see moved weights: fix it now
+                batch = {**batch, "prox_logp": self.compute_logp(batch)}
+            # else: no prox_logp key, and actor_loss takes its own forward's log-probs
         if self.config.mb_spec.balance_across_ranks:
             batch = balance_across_ranks(batch)
         lens = seqlens_of(batch["attention_mask"]).tolist()
@@ -89,12 +106,17 @@ FSDPPPOActor = PPOActor  # the name used in DESIGN.md's loop
 
 
 def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple[torch.Tensor, dict]:
-    """The configured PPO loss on one packed micro-batch; logits [N, V]."""
+    """The configured PPO loss on one packed micro-batch; logits [N, V].
+
+    Without `mb["prox_logp"]` the old policy is this forward's own log-probs, detached:
+    right only while the weights have not moved since the update began (`ppo_update` leaves
+    the key out only for a one-optimizer-step update).
+    """
     dev = logits.device
     cu = mb["cu_seqlens"].to(dev)
     mask = mb["loss_mask"].to(dev).bool()
     logp = packed_token_logprobs(logits, mb["input_ids"], cu, config.temperature)
-    prox = mb["prox_logp"].to(dev).float()
+    prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()
     agg = L.AGGREGATIONS[config.loss_agg_mode].reduce
     loss, stats = L.ppo_actor_loss(

@@ -1,11 +1,13 @@
 """One trainer rank for the multi-process tests (started by `run_ranks` with torchrun's env vars).
 
-    python tests/train/dist_worker.py update|uneven MODEL_DIR OUT_DIR
+    python tests/train/dist_worker.py update|uneven MODEL_DIR OUT_DIR [fused]
     python tests/train/dist_worker.py sync MODEL_DIR OUT_DIR ADDR1,ADDR2 GROUP_PORT
 
 `update`: one PPO step on this rank's share of a fixed global batch; writes stats and the
-updated model (`uneven`: see `train_one_step`). `sync`: the same step, then a distributed weight upload to the servers at
-ADDR1,ADDR2 over a gloo group (rank 0 does the HTTP side), then writes the model.
+updated model (`uneven`: see `train_one_step`; `fused`: no explicit `compute_logp` pass, the
+update takes `prox_logp` from its own forward). `sync`: the same step, then a distributed
+weight upload to the servers at ADDR1,ADDR2 over a gloo group (rank 0 does the HTTP side),
+then writes the model.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tests.train.helpers import make_batch  # noqa: E402
 GLOBAL_LENS = [12, 5, 9, 7, 3, 10, 6, 8]
 
 
-def train_one_step(model_dir: str, uneven: bool = False) -> tuple[PPOActor, list[dict], dict]:
+def train_one_step(model_dir: str, uneven: bool = False, fused: bool = False) -> tuple[PPOActor, list[dict], dict]:
     """`uneven`: rank 0 holds one group and the last rank the rest, not re-dealt, with more
     micro-batches than rank 0 has sequences (so rank 0 runs zero-weight filler passes)."""
     rank, world = dist_utils.init_distributed()
@@ -49,7 +51,8 @@ def train_one_step(model_dir: str, uneven: bool = False) -> tuple[PPOActor, list
     if world == 1:
         bounds = [0, len(GLOBAL_LENS)]
     batch = select(batch, list(range(bounds[rank], bounds[rank + 1])), trim=False)  # whole groups per rank
-    batch["prox_logp"] = actor.compute_logp(batch)
+    if not fused:
+        batch["prox_logp"] = actor.compute_logp(batch)
     actor.compute_advantages(batch)
     return actor, actor.ppo_update(batch), batch
 
@@ -123,7 +126,8 @@ def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
 
 def main(argv: list[str]) -> None:
     mode, model_dir, out_dir = argv[:3]
-    actor, stats, batch = train_one_step(model_dir, uneven=mode == "uneven")
+    fused = mode != "sync" and argv[3:4] == ["fused"]
+    actor, stats, batch = train_one_step(model_dir, uneven=mode == "uneven", fused=fused)
     os.makedirs(out_dir, exist_ok=True)
     record_balance(batch, out_dir)
     if mode == "sync":

@@ -43,11 +43,15 @@ def test_one_rank_and_two_ranks_make_the_same_update(tiny_model_dir, tmp_path):
 
 @pytest.mark.timeout(400)
 def test_uneven_ranks_with_filler_micro_batches_make_the_same_update(tiny_model_dir, tmp_path):
-    run_ranks(2, ["uneven", tiny_model_dir, str(tmp_path / "w2")])  # 2 vs 6 sequences, 3 micro-batches each
+    # 2 vs 6 sequences, 3 micro-batches each; the 2 ranks take prox_logp from the update's own
+    # forward (fillers included), the single rank from an explicit compute_logp pass.
+    run_ranks(2, ["uneven", tiny_model_dir, str(tmp_path / "w2"), "fused"])
     dist_worker.main(["uneven", tiny_model_dir, str(tmp_path / "w1")])
     s1 = json.loads((tmp_path / "w1" / "stats.json").read_text())[0]
     s2 = json.loads((tmp_path / "w2" / "stats.json").read_text())[0]
     assert abs(s1["loss"] - s2["loss"]) <= 1e-5 and s1["loss_weight"] == s2["loss_weight"]
+    for key in ("pg_loss", "importance_ratio", "behav_imp_weight"):
+        assert abs(s1[key] - s2[key]) <= 1e-6, key
     w1 = load_file(str(tmp_path / "w1" / "hf" / "model.safetensors"))
     w2 = load_file(str(tmp_path / "w2" / "hf" / "model.safetensors"))
     for name in w1:
