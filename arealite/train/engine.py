@@ -26,6 +26,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from arealite import distributed as dist_utils
 from arealite.config import TrainEngineConfig
 from arealite.data.packing import Batch, pack, select, seqlens_of, split_by_token_budget, unpack
+from arealite.train import varlen_attention
 from arealite.train import weights as W
 from arealite.train.lr_schedule import build_scheduler
 from arealite.train.stats import StatsAccumulator
@@ -51,17 +52,17 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
 
 
 def _attn_implementation() -> str:
-    # Packed rows need attention confined per sequence: flash-attention derives it from
-    # position_ids on CUDA; on CPU transformers' sdpa mask builder detects restarting
-    # position_ids and builds a block-diagonal causal mask (tests/train check both ways agree).
+    # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA;
+    # elsewhere our varlen sdpa pads per sequence (transformers' own sdpa path would build a
+    # dense N x N block-diagonal mask: quadratic in the micro-batch's total tokens).
     if torch.cuda.is_available():
         try:
             import flash_attn  # noqa: F401
 
             return "flash_attention_2"
         except ImportError:
-            return "sdpa"
-    return "sdpa"
+            pass
+    return varlen_attention.register()
 
 
 class FSDPEngine:
@@ -187,7 +188,12 @@ class FSDPEngine:
         """Logits [N, V] of one packed micro-batch (attention confined per sequence)."""
         ids = mb["input_ids"].to(self.device)[None]
         pos = mb["position_ids"].to(self.device)[None]
-        out = self.model(input_ids=ids, position_ids=pos, use_cache=False)
+        cu = mb["cu_seqlens"].to(self.device, torch.int32)
+        longest = int((cu[1:] - cu[:-1]).max())
+        out = self.model(
+            input_ids=ids, position_ids=pos, use_cache=False,
+            cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
+        )  # fmt: skip
         return out.logits[0]
 
     # ---- public API ----
