@@ -11,22 +11,19 @@ import asyncio
 
 from aiohttp import web
 
-from arealite.server.errors import BadBody, bad_body_response, error_response, json_response, read_json_object
+from arealite.server.errors import BadBody, json_body, json_response
 from arealite.server.state import ServerState
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 ABORT_REPEAT_S = 1.0  # SGLang re-sends abort_all every second until the server drains
 
 
-async def handle_pause(request: web.Request) -> web.Response:
+@json_body
+async def handle_pause(request: web.Request, body: dict) -> web.Response:
     state: ServerState = request.app["state"]
-    try:
-        body = await read_json_object(request)
-    except BadBody as e:
-        return error_response(e)
     mode = body.get("mode", "abort")
     if mode not in PAUSE_MODES:
-        return bad_body_response(f"1 validation error: mode Input should be 'abort', 'retract' or 'in_place', got {mode!r}")
+        raise BadBody(f"1 validation error: mode Input should be 'abort', 'retract' or 'in_place', got {mode!r}")
     async with state.pause_lock:
         await state.gate.set_paused(True)
         if mode == "abort":
@@ -40,27 +37,21 @@ async def handle_pause(request: web.Request) -> web.Response:
     return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
 
-async def handle_continue(request: web.Request) -> web.Response:
+@json_body
+async def handle_continue(request: web.Request, body: dict) -> web.Response:
     state: ServerState = request.app["state"]
-    try:
-        await read_json_object(request)
-    except BadBody as e:
-        return error_response(e)
     async with state.pause_lock:
         state.scheduler.resume()
         await state.gate.set_paused(False)
     return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
 
-async def handle_abort(request: web.Request) -> web.Response:
+@json_body
+async def handle_abort(request: web.Request, body: dict) -> web.Response:
     state: ServerState = request.app["state"]
-    try:
-        body = await read_json_object(request)
-    except BadBody as e:
-        return error_response(e)
     rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
     if not isinstance(rid, str) or not isinstance(abort_all, bool):
-        return bad_body_response("1 validation error: rid must be a string and abort_all a boolean")
+        raise BadBody("1 validation error: rid must be a string and abort_all a boolean")
     if abort_all or rid:
         state.scheduler.abort(rid, abort_all)
     return web.Response(status=200)

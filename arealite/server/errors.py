@@ -10,8 +10,10 @@ Three 400 shapes coexist in SGLang 0.5.23 and clients key on them:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -81,3 +83,23 @@ async def read_json_object(request: web.Request, required: bool = True) -> dict:
     if not isinstance(body, dict):
         raise BadBody(f"Input should be a valid dictionary or object, got {type(body).__name__}: {str(body)[:80]}")
     return body
+
+
+def json_body(
+    handler: Callable[[web.Request, dict], Awaitable[web.StreamResponse]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """A route handler that gets the request's JSON object body (required) as a second argument.
+
+    A missing or non-object body, or a BadBody the handler raises while checking its fields,
+    is answered with SGLang's validation 400 (`error_response`), as FastAPI answers a body
+    that fails its request model.
+    """
+
+    @functools.wraps(handler)
+    async def handle(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request, await read_json_object(request))
+        except BadBody as e:
+            return error_response(e)
+
+    return handle

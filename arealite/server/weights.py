@@ -16,7 +16,7 @@ import logging
 import torch
 from aiohttp import web
 
-from arealite.server.errors import BadBody, bad_body_response, error_response, json_response, read_json_object
+from arealite.server.errors import BadBody, json_body, json_response
 from arealite.server.model_runner import load_model
 from arealite.server.state import ServerState
 from arealite.utils.process_group import broadcast, init_custom_process_group, release_store
@@ -80,15 +80,12 @@ def _flush_refused(state: ServerState, body: dict) -> bool:
     return bool(body.get("flush_cache", True)) and state.scheduler.num_requests > 0
 
 
-async def handle_update_from_disk(request: web.Request) -> web.Response:
+@json_body
+async def handle_update_from_disk(request: web.Request, body: dict) -> web.Response:
     state: ServerState = request.app["state"]
-    try:
-        body = await read_json_object(request)
-    except BadBody as e:
-        return error_response(e)
     model_path = body.get("model_path")
     if not isinstance(model_path, str) or not model_path:
-        return bad_body_response("1 validation error: model_path Field required (a checkpoint directory)")
+        raise BadBody("1 validation error: model_path Field required (a checkpoint directory)")
     taken = await _begin_update(state, body)
     try:
         await state.run_blocking(load_from_disk, state, model_path)
@@ -105,19 +102,17 @@ async def handle_update_from_disk(request: web.Request) -> web.Response:
     return json_response({"success": True, "message": message, "num_paused_requests": 0})
 
 
-async def handle_init_group(request: web.Request) -> web.Response:
+@json_body
+async def handle_init_group(request: web.Request, body: dict) -> web.Response:
     state: ServerState = request.app["state"]
     groups: dict = request.app["weight_groups"]
     try:
-        body = await read_json_object(request)
         address = body["master_address"]
         port = int(body["master_port"])  # AReaL sends it as a numeric string
         rank = int(body["rank_offset"])
         world_size = int(body["world_size"])
-    except BadBody as e:
-        return error_response(e)
     except (KeyError, TypeError, ValueError) as e:
-        return bad_body_response(f"1 validation error: master_address, master_port, rank_offset and world_size are required integers where numeric ({e})")
+        raise BadBody(f"1 validation error: master_address, master_port, rank_offset and world_size are required integers where numeric ({e})") from None
     group_name = body.get("group_name", "weight_update_group")
     backend = body.get("backend", "nccl")
     if group_name in groups:
@@ -160,14 +155,11 @@ def receive_and_load(state: ServerState, group: tuple, specs: list) -> None:
     copy_into(state, received)
 
 
-async def handle_update_from_distributed(request: web.Request) -> web.Response:
+@json_body
+async def handle_update_from_distributed(request: web.Request, body: dict) -> web.Response:
     state: ServerState = request.app["state"]
     groups: dict = request.app["weight_groups"]
-    try:
-        body = await read_json_object(request)
-        specs = _parse_specs(body)
-    except BadBody as e:
-        return error_response(e)
+    specs = _parse_specs(body)
     group_name = body.get("group_name", "weight_update_group")
     if group_name not in groups:
         message = f"Group {group_name} not in {sorted(groups)}. Please call init_weights_update_group first."
@@ -187,12 +179,9 @@ async def handle_update_from_distributed(request: web.Request) -> web.Response:
     return json_response({"success": True, "message": message})
 
 
-async def handle_destroy_group(request: web.Request) -> web.Response:
+@json_body
+async def handle_destroy_group(request: web.Request, body: dict) -> web.Response:
     groups: dict = request.app["weight_groups"]
-    try:
-        body = await read_json_object(request)
-    except BadBody as e:
-        return error_response(e)
     group_name = body.get("group_name", "weight_update_group")
     if group_name not in groups:
         return json_response({"success": False, "message": "The group to be destroyed does not exist."}, status=400)
@@ -201,14 +190,11 @@ async def handle_destroy_group(request: web.Request) -> web.Response:
     return json_response({"success": True, "message": "Succeeded to destroy custom process group."})
 
 
-async def handle_update_weight_version(request: web.Request) -> web.Response:
+@json_body
+async def handle_update_weight_version(request: web.Request, body: dict) -> web.Response:
     state: ServerState = request.app["state"]
-    try:
-        body = await read_json_object(request)
-    except BadBody as e:
-        return error_response(e)
     if not isinstance(body.get("new_version"), str):
-        return bad_body_response("1 validation error: new_version Field required (a string)")
+        raise BadBody("1 validation error: new_version Field required (a string)")
     if body.get("abort_all_requests", True):
         state.scheduler.abort(abort_all=True)
     state.set_weight_version(body["new_version"])
