@@ -73,6 +73,9 @@ class GenerationHyperparameters:
         return params
 
 
+PAUSE_MODES = ("abort", "in_place", "retract")  # SGLang's /pause_generation modes (0.5.6+)
+
+
 @dataclass
 class InferenceEngineConfig:
     """The rollout client (`RemoteSGLangEngine`) and its workflow executor."""
@@ -86,8 +89,10 @@ class InferenceEngineConfig:
     pause_grace_period: float = 0.0  # seconds to sleep after pausing before a weight upload
     health_check_timeout: float = 5.0  # seconds one /health probe may take before the server counts as down
     consumer_batch_size: int | None = None  # trajectories per trained batch (the staleness unit); None: the dataloader's batch size
+    pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
 
     def __post_init__(self) -> None:
+        _check_choice("rollout", "pause_mode", self.pause_mode, PAUSE_MODES)
         _check_positive("rollout", "max_head_offpolicyness", self.max_head_offpolicyness, allow_zero=True)
         if self.max_concurrent_rollouts is not None:
             _check_positive("rollout", "max_concurrent_rollouts", self.max_concurrent_rollouts)

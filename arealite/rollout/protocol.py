@@ -119,10 +119,18 @@ def parse_generate_reply(reply: Any) -> GenerateChunk:
     )
 
 
-def token_versions(chunk: GenerateChunk, fallback: int) -> list[int]:
-    """The weight version of each token in `chunk`: the server's spans when given, else the
-    server's reported version when it is an integer, else the client's `fallback`."""
-    base = chunk.server_version if chunk.server_version is not None else fallback
+def token_versions(chunk: GenerateChunk, sent_version: int) -> list[int]:
+    """The weight version of each token in `chunk`, never newer than the weights that made it.
+
+    The server's `weight_versions` spans (0.5.20+) are exact. Without them, a call kept across
+    a weight update (in_place / retract pause) mixes versions while `weight_version` is only
+    the server's version at reply time, so the other tokens get
+    min(server's version, `sent_version`). `sent_version` is the client's version when the
+    call was sent; the servers already held it (the client moves to a version only after
+    they confirm it), so it is a lower bound for every token of the call. An older label only
+    makes the executor's staleness check (oldest token) stricter, never looser.
+    """
+    base = sent_version if chunk.server_version is None else min(chunk.server_version, sent_version)
     versions = [base] * len(chunk.tokens)
     for v, start, end in chunk.version_spans:
         for i in range(max(0, start), min(end, len(versions))):

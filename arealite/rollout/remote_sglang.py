@@ -6,11 +6,14 @@ offers:
   output appended to the prompt and is resubmitted with the remaining budget) and server
   failures (retries with backoff; a server that fails its health checks leaves the rotation,
   the request moves elsewhere, and the server rejoins once healthy, see health.py). Every
-  output token carries the weight version that produced it.
+  output token carries the weight version that produced it (never a newer one, see
+  `protocol.token_versions`).
 - `submit / wait / rollout_batch / prepare_batch`: workflows run by a `WorkflowExecutor`
   under the staleness bound (see executor.py).
 - `pause / resume / update_weights / init_weights_update_group / set_version`: the server
-  side of a weight sync.
+  side of a weight sync. `config.pause_mode` decides what happens to requests in flight:
+  `abort` interrupts them (they are resubmitted after `resume`); `in_place` and `retract`
+  (SGLang 0.5.6+, §2.1) keep them on the server, where they continue with the new weights.
 
 Works against the built-in server and real SGLang 0.5.5-0.5.23 (SGLANG_PROTOCOL.md §7).
 It deliberately does not stream, send `rid`s, or use `n > 1` (§1.4: n>1 reassigns rids).
@@ -144,10 +147,11 @@ class RemoteSGLangEngine:
         return self._paused
 
     def pause(self) -> None:
-        """Stop starting new workflows and interrupt generation on every server.
+        """Stop starting new workflows and pause generation on every server.
 
-        In-flight requests come back as `abort` with partial output; their resubmissions wait
-        client-side until `resume()`.
+        `pause_mode="abort"`: in-flight requests come back as `abort` with partial output and
+        their resubmissions wait client-side until `resume()`. `in_place` / `retract`: they stay
+        on the servers, their HTTP calls open, and continue after `resume()`.
         """
         self._loop.run(self._apause())
 
@@ -155,7 +159,9 @@ class RemoteSGLangEngine:
         self._paused = True
         assert self._unpaused is not None
         self._unpaused.clear()
-        await self._post_all("/pause_generation", {})  # a JSON body: required from 0.5.6 (§2.1)
+        # A JSON body is required from 0.5.6; <= 0.5.5 ignores it and always aborts (§2.1), which
+        # the resubmission path in _agenerate absorbs.
+        await self._post_all("/pause_generation", {"mode": self.config.pause_mode})
         if self.config.pause_grace_period > 0:
             await asyncio.sleep(self.config.pause_grace_period)
 
@@ -221,6 +227,7 @@ class RemoteSGLangEngine:
             assert self._unpaused is not None
             await self._unpaused.wait()  # resubmissions wait out a weight update client-side
             address = await self._pick(group, remaining, req.rid)
+            sent_version = self.get_version()  # the servers hold at least this version (see token_versions)
             prompt = resp.input_tokens + resp.output_tokens
             now_budget = protocol.clamp_max_new_tokens(remaining, len(prompt), self._context_length.get(address))
             if now_budget <= 0:
@@ -243,7 +250,7 @@ class RemoteSGLangEngine:
                 self.pool.release(address, remaining)
             resp.output_tokens += chunk.tokens
             resp.output_logprobs += chunk.logprobs
-            resp.output_versions += protocol.token_versions(chunk, self.get_version())
+            resp.output_versions += protocol.token_versions(chunk, sent_version)
             resp.server = address
             if chunk.finish_type != "abort":
                 resp.stop_reason = chunk.finish_type

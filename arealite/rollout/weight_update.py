@@ -5,9 +5,14 @@ wrote. distributed (§3.3-3.4): each server joins the trainer's process group on
 (/init_weights_update_group, rank 1 + i), then every sync sends one
 /update_weights_from_distributed per bucket while the trainer's rank 0 broadcasts it.
 
-Every update sends `abort_all_requests` (so the write lock is taken at once, §3.1) and
-`weight_version`, so replies from the server carry the version of the weights that produced
-them. A server that is out of rotation is skipped and brought up to date when it rejoins.
+Every update sends `weight_version`, so replies from the server carry the version of the
+weights that produced them. What else goes in the body follows the engine's `pause_mode`:
+- abort: `abort_all_requests` (the write lock is then taken at once, §3.1) and the default
+  cache flush;
+- in_place / retract: requests stay on the paused server, so nothing is aborted (a paused
+  0.5.6+ server skips the write lock) and `flush_cache: false`, because a flush refused by
+  kept requests kills the scheduler on 0.5.6-0.5.20 and fails the update on 0.5.22+ (§3.9).
+A server that is out of rotation is skipped and brought up to date when it rejoins.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from arealite.types import WeightUpdateMeta
 
 if TYPE_CHECKING:
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
+
+
+def _request_fields(keep_requests: bool) -> dict[str, Any]:
+    """The update-body fields that say what happens to the server's requests (module doc)."""
+    return {"flush_cache": False} if keep_requests else {"abort_all_requests": True}
 
 
 class WeightUpdater:
@@ -58,16 +68,36 @@ class WeightUpdater:
         if addresses and done == 0:
             raise WeightUpdateError(f"POST {path} reached no server (all of {addresses} are down)")
 
+    @property
+    def _keeps_requests(self) -> bool:
+        """Whether paused servers hold on to their requests (pause_mode in_place / retract)."""
+        return self._engine.config.pause_mode != "abort"
+
     @staticmethod
-    def _disk_body(meta: WeightUpdateMeta) -> dict[str, Any]:
-        return {"model_path": meta.path, "weight_version": str(meta.version), "abort_all_requests": True}
+    def _disk_body(meta: WeightUpdateMeta, keep_requests: bool) -> dict[str, Any]:
+        return {"model_path": meta.path, "weight_version": str(meta.version), **_request_fields(keep_requests)}
+
+    def _distributed_body(self, meta: WeightUpdateMeta, i: int) -> dict[str, Any]:
+        """The body for bucket `i` of `meta.buckets`."""
+        bucket = meta.buckets[i]
+        body = {
+            "names": [name for name, _, _ in bucket],
+            "dtypes": [str(dtype).removeprefix("torch.") for _, dtype, _ in bucket],
+            "shapes": [[int(d) for d in shape] for _, _, shape in bucket],
+            "group_name": meta.group_name,
+            "weight_version": str(meta.version),
+            "flush_cache": i == len(meta.buckets) - 1,  # flush once, after the last bucket
+        }
+        body.update(_request_fields(self._keeps_requests))  # in_place / retract: never flush
+        return body
 
     async def aupdate(self, meta: WeightUpdateMeta) -> None:
         addresses = self._engine.pool.healthy
         if meta.type == "disk":
             if not meta.path:
                 raise WeightUpdateError("WeightUpdateMeta(type='disk') needs path= the folder holding the new weights")
-            await self._post_each(addresses, "/update_weights_from_disk", [self._disk_body(meta)] * len(addresses))
+            body = self._disk_body(meta, self._keeps_requests)
+            await self._post_each(addresses, "/update_weights_from_disk", [body] * len(addresses))
             self._last_disk = meta
         elif meta.type == "distributed":
             if not meta.buckets:
@@ -75,16 +105,8 @@ class WeightUpdater:
                     "WeightUpdateMeta(type='distributed') has no buckets; the trainer must fill meta.buckets "
                     "with the (name, dtype, shape) lists it broadcasts, in broadcast order"
                 )
-            for i, bucket in enumerate(meta.buckets):
-                body = {
-                    "names": [name for name, _, _ in bucket],
-                    "dtypes": [str(dtype).removeprefix("torch.") for _, dtype, _ in bucket],
-                    "shapes": [[int(d) for d in shape] for _, _, shape in bucket],
-                    "group_name": meta.group_name,
-                    "abort_all_requests": True,
-                    "weight_version": str(meta.version),
-                    "flush_cache": i == len(meta.buckets) - 1,  # flush once, after the last bucket
-                }
+            for i in range(len(meta.buckets)):
+                body = self._distributed_body(meta, i)
                 await self._post_each(addresses, "/update_weights_from_distributed", [body] * len(addresses))
             self._last_distributed = meta
         else:
@@ -129,5 +151,5 @@ class WeightUpdater:
                 "and a rejoining server must first be re-added to the weight-update group",
                 address,
             )
-        if self._last_disk is not None:
-            await self._post(address, "/update_weights_from_disk", self._disk_body(self._last_disk))
+        if self._last_disk is not None:  # the rejoiner was never paused: nothing of ours to keep
+            await self._post(address, "/update_weights_from_disk", self._disk_body(self._last_disk, keep_requests=False))

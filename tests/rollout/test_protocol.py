@@ -63,7 +63,11 @@ def test_parse_0_5_23_style_reply_with_output_ids():
     assert chunk.tokens == [5, 6, 7]
     assert chunk.logprobs[0] == -0.1 and chunk.logprobs[1] == -math.inf
     assert chunk.finish_type == "stop" and chunk.server_version == 3
-    assert token_versions(chunk, fallback=0) == [3, 3, 3]
+    assert token_versions(chunk, sent_version=3) == [3, 3, 3]
+    # without spans the reply's version may be newer than some tokens (a call kept across an
+    # in_place sync): never label a token newer than the version the call was sent at
+    assert token_versions(chunk, sent_version=2) == [2, 2, 2]
+    assert token_versions(chunk, sent_version=5) == [3, 3, 3]  # a server behind the client
 
 
 def test_parse_old_reply_without_output_ids_and_default_version():
@@ -71,7 +75,7 @@ def test_parse_old_reply_without_output_ids_and_default_version():
                                         "output_token_logprobs": [[-1.0, 11, None], [-2.0, 12, None]]}}
     chunk = parse_generate_reply(reply)
     assert chunk.tokens == [11, 12] and chunk.server_version is None
-    assert token_versions(chunk, fallback=9) == [9, 9]
+    assert token_versions(chunk, sent_version=9) == [9, 9]
 
 
 def test_parse_weight_version_spans():
@@ -79,7 +83,7 @@ def test_parse_weight_version_spans():
         "id": "a", "finish_reason": {"type": "length"}, "weight_version": "2",
         "weight_versions": [{"version": "1", "start": 0, "end": 2}, {"version": "2", "start": 2, "end": 4}],
         "output_token_logprobs": [[-1.0, t, None] for t in (1, 2, 3, 4)]}}
-    assert token_versions(parse_generate_reply(reply), fallback=0) == [1, 1, 2, 2]
+    assert token_versions(parse_generate_reply(reply), sent_version=1) == [1, 1, 2, 2]  # spans are exact
 
 
 def test_parse_aborts():

@@ -45,13 +45,16 @@ def weights_dir(tiny_model_dir, tmp_path_factory):
     return str(path)
 
 
-@pytest.mark.parametrize("k", [0, 1, 4])
-def test_trained_batches_respect_staleness_bound(k, two_servers, tiny_model_dir, weights_dir):
+# in_place keeps requests on the servers across syncs, so trajectories mix versions
+@pytest.mark.parametrize("k,mode", [(0, "abort"), (1, "abort"), (4, "abort"), (0, "in_place"), (1, "in_place")])
+def test_trained_batches_respect_staleness_bound(k, mode, two_servers, tiny_model_dir, weights_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     records = [{"id": f"r{i}", "prompt": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(40)]
     loader = ListLoader(records, batch_size=2)
     workflow = RLVRWorkflow(gsm8k_reward_fn, GenerationHyperparameters(group_size=2, max_new_tokens=6), tokenizer)
-    config = InferenceEngineConfig(max_head_offpolicyness=k, max_concurrent_rollouts=16, setup_timeout=60, request_timeout=60)
+    config = InferenceEngineConfig(
+        max_head_offpolicyness=k, max_concurrent_rollouts=16, setup_timeout=60, request_timeout=60, pause_mode=mode
+    )
     engine = RemoteSGLangEngine(config, [s.address for s in two_servers])
     engine.initialize()
     try:
@@ -71,5 +74,7 @@ def test_trained_batches_respect_staleness_bound(k, two_servers, tiny_model_dir,
         if k == 4:
             assert max(lags) >= 1  # generation really ran ahead of training
         assert engine.executor.stats["failed"] == 0
+        if mode == "in_place":
+            assert engine.stats["interruptions"] == 0
     finally:
         engine.destroy()
