@@ -86,8 +86,8 @@ def main(argv: list[str]) -> None:
                     prompts = next(feed_iter, None) or next(feed_iter := iter(feed))
                     batch = rollout.rollout_batch(prompts, workflow)
             with timer("train"):
-                if config.actor.recompute_logprob:
-                    batch["prox_logp"] = actor.compute_logp(batch, temperature=config.gconfig.temperature)
+                # No separate logp pass: a one-step update takes the pre-update logprobs
+                # (prox_logp) from its own forward; the actor recomputes them only when needed.
                 actor.compute_advantages(batch)
                 train_stats = actor.ppo_update(batch)
                 stats["prompt_ids"] = feed.consume(batch if asynchronous else None)
