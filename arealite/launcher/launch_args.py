@@ -1,15 +1,22 @@
-"""The command line every launcher takes: `[launcher options] SCRIPT --config CFG [key=value ...]`.
+"""The command line every launcher takes, `[launcher options] SCRIPT --config CFG.yaml
+[key=value ...]`, and how a launch's outcome becomes the launcher's exit code.
 
 Everything after SCRIPT is the trainer's own argv; the launcher parses it with the same
-`load_config` the trainer will use, so both see one configuration.
+`load_config` the trainer will use, so both see one configuration. Exit codes, the same for
+every launcher: the run's own status; 1 when a process of the run failed (`LaunchError`); 2
+for a bad command line or config (`ConfigError`); 128+N after signal N (SIGINT, SIGTERM).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from arealite.config import ConfigError, GRPOConfig, load_config
+from arealite.launcher.signals import Interrupted, raising_on_signals
+from arealite.launcher.supervision import LaunchError, log
 
 USAGE = "usage: python -m arealite.launcher.{name} {options}SCRIPT --config CFG.yaml [key=value ...]"
 
@@ -39,3 +46,41 @@ def parse_launch_args(argv: list[str], name: str, allowed_options: tuple[str, ..
         raise ConfigError(f"training script {script!r} does not exist (cwd: {os.getcwd()})")
     config = load_config(trainer_args, GRPOConfig)
     return LaunchArgs(script=script, trainer_args=trainer_args, config=config, options=options)
+
+
+def run_launcher(
+    argv: list[str] | None,
+    name: str,
+    run: Callable[[LaunchArgs], int],
+    stopped: str = "stopped everything",
+    allowed_options: tuple[str, ...] = (),
+) -> int:
+    """A launcher's `main`: parse `argv` (default: sys.argv[1:]), `run` the launch, return the exit code.
+
+    `name` is the launcher's module name (for the usage line); `stopped` says in the failure
+    and signal messages what the launcher's cleanup did, e.g. "cancelled every job".
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_launch_args(argv, name, allowed_options)
+        return exit_code(lambda: run(args), failed=f"run failed, {stopped}", interrupted=f"{{}} received; {stopped}")
+    except ConfigError as e:
+        log(f"error: {e}")
+        return 2
+
+
+def exit_code(run: Callable[[], int], failed: str, interrupted: str) -> int:
+    """`run()` with SIGINT/SIGTERM raising `Interrupted`; its status, 1 on LaunchError, 128+N on signal N.
+
+    The LaunchError is logged as `failed: <error>`, the signal as `interrupted` with `{}`
+    replaced by the signal's name. A ConfigError propagates to the caller.
+    """
+    try:
+        with raising_on_signals():
+            return run()
+    except LaunchError as e:
+        log(f"{failed}: {e}")
+        return 1
+    except Interrupted as e:
+        log(interrupted.format(e))
+        return 128 + e.signum

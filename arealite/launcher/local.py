@@ -17,13 +17,13 @@ import os
 import sys
 import time
 
-from arealite.config import ConfigError, GRPOConfig, save_config
+from arealite.config import ConfigError, GRPOConfig
 from arealite.launcher import ports
-from arealite.launcher.launch_args import LaunchArgs, parse_launch_args
+from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, stop_all
 from arealite.launcher.server_cmd import resolve_backend, server_command, visible_gpus
-from arealite.launcher.signals import Interrupted, raising_on_signals, signals_ignored
-from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
+from arealite.launcher.signals import signals_ignored
+from arealite.launcher.supervision import SupervisedServer, log, prepare_run_dir, record_process
 
 HOST = "127.0.0.1"
 POLL_INTERVAL = 0.5  # seconds between supervision steps
@@ -135,9 +135,7 @@ class LocalRun:
             time.sleep(POLL_INTERVAL)
 
     def run(self) -> int:
-        os.makedirs(self.log_dir, exist_ok=True)
-        open(os.path.join(self.run_dir, "processes.jsonl"), "w").close()  # this launch's processes only
-        save_config(self.config, os.path.join(self.run_dir, "config.yaml"))
+        prepare_run_dir(self.run_dir, self.config)
         backend = resolve_backend(self.config.server)
         gpus = allocate_gpus(self.config, backend)
         try:
@@ -157,24 +155,7 @@ class LocalRun:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a launch from the command line `SCRIPT --config CFG [overrides]`; returns the exit code."""
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        args = parse_launch_args(argv, "local")
-    except ConfigError as e:
-        log(f"error: {e}")
-        return 2
-    try:
-        with raising_on_signals():
-            return LocalRun(args).run()
-    except LaunchError as e:
-        log(f"run failed, stopped everything: {e}")
-        return 1
-    except ConfigError as e:
-        log(f"error: {e}")
-        return 2
-    except Interrupted as e:
-        log(f"{e} received; stopped everything")
-        return 128 + e.signum
+    return run_launcher(argv, "local", lambda args: LocalRun(args).run())
 
 
 if __name__ == "__main__":

@@ -25,14 +25,14 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from arealite.config import ConfigError, GRPOConfig, save_config
+from arealite.config import GRPOConfig
 from arealite.launcher import ports
-from arealite.launcher.launch_args import LaunchArgs, parse_launch_args
+from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.local import POLL_INTERVAL
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, with_package_path
 from arealite.launcher.server_cmd import server_command
-from arealite.launcher.signals import Interrupted, raising_on_signals, reclaim_signals, signals_ignored
-from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
+from arealite.launcher.signals import reclaim_signals, signals_ignored
+from arealite.launcher.supervision import LaunchError, SupervisedServer, log, prepare_run_dir, record_process
 
 CALL_TIMEOUT = 60.0  # seconds for one actor call; Ray can otherwise wait forever
 # Driver variables every actor gets: Ray workers start from their raylet's environment, not
@@ -252,9 +252,7 @@ class RayRun:
             time.sleep(POLL_INTERVAL)
 
     def run(self) -> int:
-        os.makedirs(os.path.join(self.run_dir, "logs"), exist_ok=True)
-        open(os.path.join(self.run_dir, "processes.jsonl"), "w").close()
-        save_config(self.config, os.path.join(self.run_dir, "config.yaml"))
+        prepare_run_dir(self.run_dir, self.config)
         try:
             host = self.connect()
             reclaim_signals()
@@ -307,24 +305,7 @@ def _resolve_backend(config: GRPOConfig) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a launch on Ray from `SCRIPT --config CFG [overrides]`; returns the exit code."""
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        args = parse_launch_args(argv, "ray")
-    except ConfigError as e:
-        log(f"error: {e}")
-        return 2
-    try:
-        with raising_on_signals():
-            return RayRun(args).run()
-    except LaunchError as e:
-        log(f"run failed, stopped everything: {e}")
-        return 1
-    except ConfigError as e:
-        log(f"error: {e}")
-        return 2
-    except Interrupted as e:
-        log(f"{e} received; stopped everything")
-        return 128 + e.signum
+    return run_launcher(argv, "ray", lambda args: RayRun(args).run())
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ import time
 from arealite.config import GRPOConfig, load_config
 from arealite.launcher import ports
 from arealite.launcher.server_cmd import server_command
-from arealite.launcher.signals import Interrupted, raising_on_signals, signals_ignored
-from arealite.launcher.supervision import LaunchError, SupervisedServer, log, record_process
+from arealite.launcher.launch_args import exit_code
+from arealite.launcher.signals import signals_ignored
+from arealite.launcher.supervision import SupervisedServer, record_process
 
 POLL_INTERVAL = 0.5
 
@@ -76,16 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     index = a.index if a.index is not None else int(os.environ.get("SLURM_PROCID", "0"))
     config = load_config(["--config", a.config], GRPOConfig)
-    try:
-        with raising_on_signals():
-            serve(config, a.run_dir, a.backend, index)
-    except LaunchError as e:
-        log(f"run failed: {e}")
-        return 1
-    except Interrupted as e:
-        log(f"server-{index}: {e} received; server stopped")
-        return 128 + e.signum
-    return 0
+
+    def run() -> int:
+        serve(config, a.run_dir, a.backend, index)
+        return 0
+
+    return exit_code(run, failed="run failed", interrupted=f"server-{index}: {{}} received; server stopped")
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ import subprocess
 import sys
 import time
 
-from arealite.config import ConfigError, save_config
-from arealite.launcher.launch_args import LaunchArgs, parse_launch_args
+from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import LaunchError, tail
 from arealite.launcher.sbatch import servers_script, trainer_script
 from arealite.launcher.server_cmd import resolve_backend
-from arealite.launcher.signals import Interrupted, raising_on_signals, signals_ignored
-from arealite.launcher.supervision import log
+from arealite.launcher.signals import signals_ignored
+from arealite.launcher.supervision import log, prepare_run_dir
 
 POLL_INTERVAL = 1.0
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")  # fmt: skip
@@ -94,12 +93,9 @@ class SlurmRun:
 
     def write_scripts(self) -> dict[str, str]:
         """Write the resolved config and both sbatch scripts; {role: script path}."""
-        for d in ("logs", "slurm", "servers"):
-            os.makedirs(os.path.join(self.run_dir, d), exist_ok=True)
+        prepare_run_dir(self.run_dir, self.config, subdirs=("logs", "slurm", "servers"))
         for stale in glob.glob(os.path.join(self.run_dir, "servers", "*.addr")):
             os.remove(stale)  # a previous launch's addresses would mislead the trainer
-        open(os.path.join(self.run_dir, "processes.jsonl"), "w").close()
-        save_config(self.config, os.path.join(self.run_dir, "config.yaml"))
         # 'auto' decides on this host: submit from a node like the compute nodes, or set server.backend.
         backend = resolve_backend(self.config.server)
         cwd = os.getcwd()
@@ -182,24 +178,13 @@ class SlurmRun:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a launch through Slurm from `[--dry-run] SCRIPT --config CFG [overrides]`; the exit code."""
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        args = parse_launch_args(argv, "slurm", allowed_options=("--dry-run",))
-    except ConfigError as e:
-        log(f"error: {e}")
-        return 2
-    try:
-        with raising_on_signals():
-            return SlurmRun(args).run(dry_run="--dry-run" in args.options)
-    except LaunchError as e:
-        log(f"run failed, cancelled every job: {e}")
-        return 1
-    except ConfigError as e:
-        log(f"error: {e}")
-        return 2
-    except Interrupted as e:
-        log(f"{e} received; cancelled every job")
-        return 128 + e.signum
+    return run_launcher(
+        argv,
+        "slurm",
+        lambda args: SlurmRun(args).run(dry_run="--dry-run" in args.options),
+        stopped="cancelled every job",
+        allowed_options=("--dry-run",),
+    )
 
 
 if __name__ == "__main__":

@@ -15,12 +15,22 @@ import sys
 import time
 from collections.abc import Callable
 
+from arealite.config import GRPOConfig, save_config
 from arealite.launcher import health, ports
 from arealite.launcher.process import LaunchError, ManagedProcess, describe_exit, tail
 
 
 def log(msg: str) -> None:
     print(f"[launcher] {msg}", file=sys.stderr, flush=True)
+
+
+def prepare_run_dir(run_dir: str, config: GRPOConfig, subdirs: tuple[str, ...] = ("logs",)) -> None:
+    """Create `run_dir` and its `subdirs`, start this launch's empty process record, and save
+    the resolved config as `<run_dir>/config.yaml`."""
+    for d in subdirs:
+        os.makedirs(os.path.join(run_dir, d), exist_ok=True)
+    open(os.path.join(run_dir, "processes.jsonl"), "w").close()  # this launch's processes only
+    save_config(config, os.path.join(run_dir, "config.yaml"))
 
 
 def record_process(run_dir: str, name: str, pid: int, addr: str = "") -> None:
