@@ -81,13 +81,14 @@ def run_setting(args: argparse.Namespace) -> dict:
         if args.pin:
             pin_process(server.proc.pid, {0})
             pin_process(os.getpid(), {1})
-        config = InferenceEngineConfig(max_head_offpolicyness=args.k, max_concurrent_rollouts=in_flight)
+        config = InferenceEngineConfig(max_head_offpolicyness=args.k, max_concurrent_rollouts=in_flight, pause_mode=args.pause_mode)
         rollout = RemoteSGLangEngine(config, [server.address])
         rollout.initialize()
         actor = PPOActor(
             PPOActorConfig(
                 path=args.model, group_size=args.group_size, optimizer=OptimizerConfig(lr=args.lr),
                 mb_spec=MicroBatchSpec(max_tokens_per_mb=args.max_tokens_per_mb),
+                use_decoupled_loss=args.k > 0,  # stale samples: the decoupled loss, as configs/gsm8k_grpo.yaml
             )
         ).initialize()
         workflow = RLVRWorkflow(arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(args.model))
@@ -100,8 +101,7 @@ def run_setting(args: argparse.Namespace) -> dict:
             else:
                 batch = rollout.rollout_batch(next(data_iter), workflow)
             t_rollout = time.perf_counter()
-            batch["prox_logp"] = actor.compute_logp(batch, temperature=gconfig.temperature)
-            actor.compute_advantages(batch)
+            actor.compute_advantages(batch)  # prox_logp comes from the update's own forward (one minibatch)
             actor.ppo_update(batch)
             t_train = time.perf_counter()
             sync_weights(actor, rollout, disk_update_meta(args.workdir, step + 1), rank, barrier)
@@ -125,8 +125,10 @@ def launch_setting(k: int, args: argparse.Namespace, model: str, workdir: str) -
         sys.executable, os.path.abspath(__file__), "--k", str(k), "--out", out, "--model", model, "--workdir", sub,
         "--steps", str(args.steps), "--batch-size", str(args.batch_size), "--group-size", str(args.group_size),
         "--max-new-tokens", str(args.max_new_tokens), "--lr", str(args.lr), "--seed", str(args.seed),
-        "--max-tokens-per-mb", str(args.max_tokens_per_mb),
+        "--pause-mode", args.pause_mode,
     ] + ([] if args.pin else ["--no-pin"])  # fmt: skip
+    if args.max_tokens_per_mb is not None:
+        cmd += ["--max-tokens-per-mb", str(args.max_tokens_per_mb)]
     env = {
         **os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_VERBOSITY": "error",
@@ -150,9 +152,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1)
-    # One packed micro-batch of all tokens makes CPU attention quadratic in the batch's tokens
-    # (a dense block-diagonal mask); a token budget keeps the trainer's step linear.
-    p.add_argument("--max-tokens-per-mb", type=int, default=1024, help="arealite's mb_spec.max_tokens_per_mb")
+    p.add_argument("--max-tokens-per-mb", type=int, default=None, help="arealite's mb_spec.max_tokens_per_mb (default: no limit)")
+    p.add_argument("--pause-mode", default="in_place", help="rollout.pause_mode during weight syncs (abort | in_place | retract)")
     p.add_argument("--offpolicyness", type=int, nargs="+", default=[0, 2, 4], help="settings of max_head_offpolicyness")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin server and trainer to CPUs 0 and 1")
     p.add_argument("--k", type=int, help=argparse.SUPPRESS)
@@ -173,7 +174,7 @@ def main() -> None:
 
     print(
         f"async_speedup: {args.steps} timed steps, {args.batch_size} prompts x {args.group_size} samples, "
-        f"max_new_tokens={args.max_new_tokens}, pinned={args.pin}"
+        f"max_new_tokens={args.max_new_tokens}, pinned={args.pin}, pause_mode={args.pause_mode}"
     )
     with tempfile.TemporaryDirectory(prefix="async_speedup_") as workdir:
         model = build_tiny_model(os.path.join(workdir, "model"), seed=0)

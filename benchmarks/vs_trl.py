@@ -129,16 +129,25 @@ def run_arealite(args: argparse.Namespace) -> dict:
     records = make_arithmetic_dataset(args.batch_size * (args.steps + 1), seed=args.seed)
     loader = create_dataloader(records, args.batch_size, shuffle=False, seed=args.seed)
     gconfig = GenerationHyperparameters(group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=1.0)
+    # (k + 1) batches may be generating at once (the staleness bound allows it); the server
+    # must admit all of them into its running batch.
+    in_flight = (args.offpolicyness + 1) * args.batch_size
     server_env = {"OMP_NUM_THREADS": str(args.threads)}
     extra = ["--torch-threads", str(args.threads), "--random-seed", str(args.seed)]
+    extra += ["--max-running-requests", str(2 * in_flight * args.group_size)]
     with launch_server_process(args.model, extra_args=extra, env=server_env, log_path=os.path.join(args.workdir, "server.log")) as server:
-        rollout = RemoteSGLangEngine(InferenceEngineConfig(max_head_offpolicyness=args.offpolicyness), [server.address])
+        config = InferenceEngineConfig(
+            max_head_offpolicyness=args.offpolicyness, max_concurrent_rollouts=in_flight, pause_mode=args.pause_mode
+        )
+        rollout = RemoteSGLangEngine(config, [server.address])
         rollout.initialize()
         actor = PPOActor(
             PPOActorConfig(
                 path=args.model, group_size=args.group_size, eps_clip=0.2, adv_norm="group", loss_agg_mode="token-mean",
                 optimizer=OptimizerConfig(lr=args.lr, gradient_clipping=1.0),
                 mb_spec=MicroBatchSpec(max_tokens_per_mb=args.max_tokens_per_mb),
+                # off-policy samples: the decoupled loss (as configs/gsm8k_grpo.yaml)
+                use_decoupled_loss=args.offpolicyness > 0,
             )
         ).initialize()  # fmt: skip
         workflow = RLVRWorkflow(arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(args.model))
@@ -151,8 +160,7 @@ def run_arealite(args: argparse.Namespace) -> dict:
             else:
                 batch = rollout.rollout_batch(next(data_iter), workflow)
             t_rollout = time.perf_counter()
-            batch["prox_logp"] = actor.compute_logp(batch, temperature=gconfig.temperature)
-            actor.compute_advantages(batch)
+            actor.compute_advantages(batch)  # prox_logp comes from the update's own forward (one minibatch)
             actor.ppo_update(batch)
             t_train = time.perf_counter()
             sync_weights(actor, rollout, disk_update_meta(args.workdir, step + 1), rank, barrier)
@@ -177,15 +185,20 @@ def side_main(args: argparse.Namespace) -> None:
         json.dump(result, f)
 
 
-def launch_side(side: str, args: argparse.Namespace, model: str, workdir: str) -> dict:
-    out = os.path.join(workdir, f"{side}.json")
+def launch_side(side: str, k: int, args: argparse.Namespace, model: str, workdir: str) -> dict:
+    """Run one side in a fresh subprocess (`k`: arealite's max_head_offpolicyness)."""
+    tag = side if side == "trl" else f"arealite_k{k}"
+    out = os.path.join(workdir, f"{tag}.json")
     cmd = [
         sys.executable, os.path.abspath(__file__), "--side", side, "--out", out, "--model", model,
-        "--workdir", os.path.join(workdir, side), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
+        "--workdir", os.path.join(workdir, tag), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
         "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
-        "--lr", str(args.lr), "--seed", str(args.seed), "--offpolicyness", str(args.offpolicyness),
-        "--max-tokens-per-mb", str(args.max_tokens_per_mb),
+        "--lr", str(args.lr), "--seed", str(args.seed), "--offpolicyness", str(k),
+        "--pause-mode", args.pause_mode,
     ]  # fmt: skip
+    if args.max_tokens_per_mb is not None:
+        cmd += ["--max-tokens-per-mb", str(args.max_tokens_per_mb)]
+    side = tag
     env = {
         **os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
@@ -230,16 +243,19 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=8, help="timed steps per side (plus one warm-up step)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     p.add_argument("--group-size", type=int, default=4, help="samples per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=128)
     # 1 by default: on a busy 2-core machine two OpenMP threads per process mostly spin (10x slower, both sides)
     p.add_argument("--threads", type=int, default=1, help="torch threads of every process on both sides")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
-    # One packed micro-batch of all tokens makes CPU attention quadratic in the batch's tokens
-    # (a dense block-diagonal mask); a token budget keeps the trainer's step linear.
-    p.add_argument("--max-tokens-per-mb", type=int, default=512, help="arealite's mb_spec.max_tokens_per_mb")
+    p.add_argument("--max-tokens-per-mb", type=int, default=None, help="arealite's mb_spec.max_tokens_per_mb (default: no limit)")
     p.add_argument("--repeats", type=int, default=1, help="runs per side, alternating TRL and arealite")
-    p.add_argument("--offpolicyness", type=int, default=0, help="arealite's max_head_offpolicyness (0: on-policy like TRL)")
+    p.add_argument(
+        "--offpolicyness", type=int, default=2,
+        help="arealite's max_head_offpolicyness (2: configs/gsm8k_grpo.yaml; 0: on-policy and synchronous like TRL)",
+    )  # fmt: skip
+    p.add_argument("--no-sync-baseline", dest="sync_baseline", action="store_false", help="skip arealite at k=0")
+    p.add_argument("--pause-mode", default="in_place", help="arealite's rollout.pause_mode during weight syncs")
     p.add_argument("--side", choices=["trl", "arealite"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -255,22 +271,26 @@ def main() -> None:
     from arealite.tools.tiny_model import build_tiny_model
 
     samples = args.batch_size * args.group_size
+    ks = [args.offpolicyness] + ([0] if args.sync_baseline and args.offpolicyness > 0 else [])
     print(
         f"vs_trl: {args.steps} timed steps, {args.batch_size} prompts x {args.group_size} samples, "
         f"max_new_tokens={args.max_new_tokens}, {args.threads} torch threads per process, "
-        f"arealite max_head_offpolicyness={args.offpolicyness}"
+        f"arealite max_head_offpolicyness in {ks}, pause_mode={args.pause_mode}"
     )
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as workdir:
         model = build_tiny_model(os.path.join(workdir, "model"), seed=0)
-        runs: dict[str, list[dict]] = {"trl": [], "arealite": []}
-        for _ in range(args.repeats):  # alternating, so both sides see the same drift in machine load
-            for side in runs:
-                runs[side].append(launch_side(side, args, model, workdir))
-    trl_s, trl_cpu = report("trl", runs["trl"], samples)
-    areal_s, areal_cpu = report("arealite", runs["arealite"], samples)
-    print(f"\nTRL {trl_s:.2f} s/step vs arealite {areal_s:.2f} s/step (wall); CPU s/step TRL {trl_cpu:.2f} vs arealite {areal_cpu:.2f}")
-    print(f"cpu_time_ratio={trl_cpu / areal_cpu:.2f}")
-    print(f"arealite_vs_trl_speedup={trl_s / areal_s:.2f}")
+        runs: dict[tuple[str, int], list[dict]] = {("trl", 0): []} | {("arealite", k): [] for k in ks}
+        for _ in range(args.repeats):  # alternating, so every side sees the same drift in machine load
+            for side, k in runs:
+                runs[(side, k)].append(launch_side(side, k, args, model, workdir))
+    trl_s, trl_cpu = report("trl", runs[("trl", 0)], samples)
+    walls = {k: report(f"arealite k={k}", runs[("arealite", k)], samples) for k in ks}
+    print()
+    for k, (wall, cpu) in walls.items():
+        print(f"arealite k={k}: {wall:.2f} s/step vs TRL {trl_s:.2f} (wall); CPU s/step {cpu:.2f} vs TRL {trl_cpu:.2f}")
+    if 0 in walls and args.offpolicyness > 0:
+        print(f"arealite_sync_vs_trl_speedup={trl_s / walls[0][0]:.2f}")
+    print(f"arealite_vs_trl_speedup={trl_s / walls[args.offpolicyness][0]:.2f}")
 
 
 if __name__ == "__main__":
