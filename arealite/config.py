@@ -360,6 +360,13 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         _check_choice("", "weight_update", self.weight_update, ("disk", "distributed"))
+        sampled, trained = self.gconfig.temperature, self.actor.temperature
+        if sampled > 0 and abs(sampled - trained) > 1e-6:
+            # the trainer's logprobs must be those of the distribution the server sampled from
+            raise ConfigError(
+                f"actor.temperature={trained} differs from gconfig.temperature={sampled}; "
+                f"set actor.temperature={sampled} (the loss must use the sampling temperature)"
+            )
 
     @property
     def run_dir(self) -> str:

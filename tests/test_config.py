@@ -56,3 +56,11 @@ def test_optional_sub_config_and_roundtrip(tmp_path):
     save_config(cfg, str(out))
     again = load_config(["--config", str(out)], GRPOConfig)
     assert again == cfg
+
+
+def test_training_temperature_must_match_sampling_temperature():
+    with pytest.raises(ConfigError, match=r"actor\.temperature=1\.0 differs from gconfig\.temperature=0\.7; set actor\.temperature=0\.7"):
+        load_config(["gconfig.temperature=0.7"], GRPOConfig)
+    cfg = load_config(["gconfig.temperature=0.7", "actor.temperature=0.7"], GRPOConfig)
+    assert cfg.actor.temperature == 0.7
+    assert load_config(["gconfig.temperature=0.0"], GRPOConfig).gconfig.temperature == 0.0  # greedy: nothing to match
