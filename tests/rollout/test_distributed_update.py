@@ -70,5 +70,19 @@ def test_distributed_update_changes_weights_and_versions(two_servers, tiny_model
         assert restored.output_tokens == before.output_tokens
         assert restored.output_logprobs == pytest.approx(before.output_logprobs, abs=1e-4)
         assert restored.output_versions == [8] * restored.output_len
+
+        # pause_mode=in_place (read per call): a long request stays on its server over the
+        # broadcast and finishes with the perturbed weights; no flush is asked for (§3.9)
+        engine.config.pause_mode = "in_place"
+        long = ModelRequest(input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=160, temperature=0.0))
+        running = engine.loop.submit(engine.agenerate(long))
+        while sum(s.get("/get_server_info")[1]["internal_states"][0]["num_running"] for s in two_servers) < 1:
+            assert not running.done(), "the request finished before the sync; raise max_new_tokens"
+        push(engine, pg, meta, perturbed, version=9)
+        kept = running.result(timeout=120)
+        assert kept.n_interruptions == 0 and (kept.output_len == 160 or kept.stop_reason == "stop")
+        switch = kept.output_versions.index(9)
+        assert switch >= 1 and kept.output_versions == [8] * switch + [9] * (kept.output_len - switch)
+        push(engine, pg, meta, original, version=10)  # the servers are shared: leave them as found
     finally:
         engine.destroy()
