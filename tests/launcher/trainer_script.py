@@ -36,7 +36,9 @@ def main(argv: list[str]) -> int:
     addrs = os.environ["AREAL_LLM_SERVER_ADDRS"].split(",")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     mode = os.environ.get("AREAL_TEST_TRAINER_MODE", "ok")
-    outputs = [generate(a)["output_ids"] for a in addrs]
+    # In wait mode a test may kill a server as soon as the pid file exists, so no call here
+    # may assume a server is up; the outputs recorded are those after the stop file.
+    outputs = [] if mode == "wait" else [generate(a)["output_ids"] for a in addrs]
     if mode == "wait":
         stop = os.path.join(run_dir, "stop")
         while not os.path.exists(stop):
