@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
+from arealite.server import attention
+
 DTYPES = {
     "auto": None,
     "half": torch.float16,
@@ -41,9 +43,10 @@ def resolve_dtype(name: str, model_path: str) -> torch.dtype:
 
 def load_model(model_path: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
     """Load a causal LM for inference (eval mode, no grad)."""
-    # Eager attention: its additive mask keeps fully padded query rows finite (sdpa can give
-    # NaN there, and NaN keys would leak into real rows through 0 * NaN).
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="eager")
+    # Additive masks keep fully padded query rows finite (a boolean sdpa mask can give NaN
+    # there, and NaN keys would leak into real rows through 0 * NaN); grouped sdpa reads the
+    # KV cache without eager attention's per-step repeat_kv copy (server/attention.py).
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation=attention.register())
     model.to(device)
     model.eval()
     model.requires_grad_(False)

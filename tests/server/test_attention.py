@@ -1,0 +1,41 @@
+"""The server's grouped-query sdpa against transformers' eager attention (repeat_kv)."""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from arealite.server.attention import grouped_sdpa_forward
+from arealite.server.model_runner import ModelRunner
+
+
+def _eager_reference(q, k, v, mask):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5 + mask
+    return (scores.softmax(-1) @ v).transpose(1, 2)
+
+
+def test_grouped_heads_match_repeated_kv_for_prefill_and_decode():
+    g = torch.Generator().manual_seed(0)
+    for q_len in (1, 6):  # decode, prefill
+        q = torch.randn(3, 4, q_len, 8, generator=g)
+        k, v = torch.randn(3, 2, 6, 8, generator=g), torch.randn(3, 2, 6, 8, generator=g)
+        keep = torch.rand(3, 1, q_len, 6, generator=g) > 0.3
+        keep[..., -1] = True  # every query row sees at least one key
+        mask = torch.where(keep, 0.0, torch.finfo(torch.float32).min)
+        out, weights = grouped_sdpa_forward(torch.nn.Module(), q, k, v, mask)
+        assert weights is None and out.shape == (3, q_len, 4, 8)
+        assert (out - _eager_reference(q, k, v, mask)).abs().max().item() < 1e-5
+
+
+def test_runner_matches_eager_model_and_stays_finite_on_left_padding(tiny_model_dir):
+    runner = ModelRunner(tiny_model_dir)
+    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
+    logits, kv = runner.prefill(prompts, all_logits=True)
+    assert torch.isfinite(logits).all()  # the padding rows of short prompts too
+    step = runner.decode(kv, torch.tensor([20, 21, 22]))
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            ref = eager(input_ids=torch.tensor([p + [20 + i]])).logits[0]
+            assert (logits[i, -len(p) :] - ref[:-1]).abs().max().item() < 1e-5
+            assert (step[i] - ref[-1]).abs().max().item() < 1e-5
