@@ -19,6 +19,7 @@ from aiohttp import web
 from arealite.server.errors import BadBody, json_body, json_response
 from arealite.server.model_runner import load_model
 from arealite.server.state import ServerState
+from arealite.utils.hf_weights import read_hf_weights
 from arealite.utils.process_group import broadcast, init_custom_process_group, release_store
 
 logger = logging.getLogger("arealite.server")
@@ -45,16 +46,37 @@ def copy_into(state: ServerState, named: dict[str, torch.Tensor]) -> None:
             params[name].copy_(tensor.to(params[name].dtype))
 
 
-def load_from_disk(state: ServerState, model_path: str) -> None:
-    """Load a checkpoint and copy it in; on any failure the served weights stay untouched."""
+def _read_checkpoint(model_path: str) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors: safetensors files read directly (no second model is built),
+    else (e.g. pytorch_model.bin) through transformers."""
     try:
-        model = load_model(model_path, state.runner.dtype, "cpu")
+        return read_hf_weights(model_path)
+    except FileNotFoundError:
+        return _named_tensors(load_model(model_path, torch.float32, "cpu"))
+
+
+def _tied_aliases(model: torch.nn.Module) -> set[str]:
+    """state_dict names that share storage with an earlier name (tied weights: saved once)."""
+    seen, aliases = set(), set()
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        ptr = tensor.data_ptr()
+        if ptr in seen:
+            aliases.add(name)
+        seen.add(ptr)
+    return aliases
+
+
+def load_from_disk(state: ServerState, model_path: str) -> None:
+    """Read a checkpoint and copy it in; on any failure the served weights stay untouched."""
+    try:
+        new = _read_checkpoint(model_path)
     except Exception as e:
         raise RuntimeError(f"Failed to get weights iterator: {e}") from e
-    new = _named_tensors(model)
     old = _named_tensors(state.runner.model)
-    if set(new) != set(old):
-        raise RuntimeError(f"Failed to update weights: parameter names differ from the served model ({sorted(set(new) ^ set(old))[:5]}).\nRolling back to original weights.")
+    optional = _tied_aliases(state.runner.model)
+    if not set(new) <= set(old) or set(old) - set(new) - optional:
+        differ = sorted((set(new) ^ set(old)) - optional)[:5]
+        raise RuntimeError(f"Failed to update weights: parameter names differ from the served model ({differ}).\nRolling back to original weights.")
     try:
         copy_into(state, new)
     except ValueError as e:

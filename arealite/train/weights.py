@@ -18,10 +18,11 @@ from typing import Iterator
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from arealite import distributed as dist_utils
+from arealite.utils.hf_weights import read_hf_weights  # noqa: F401  (re-exported: engine.load)
 from arealite.utils.process_group import broadcast
 
 WeightSpec = tuple[str, str, list[int]]  # (name, torch dtype attribute name, shape)
@@ -148,22 +149,6 @@ def _write_folder(shards: list[dict[str, torch.Tensor]], hf_config, path: str, s
             src = os.path.join(source_path, fname)
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(path, fname))
-
-
-def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
-    """All tensors of the safetensors files in an HF model folder."""
-    index = os.path.join(path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.isfile(os.path.join(path, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
-    out: dict[str, torch.Tensor] = {}
-    for fname in files:
-        out.update(load_file(os.path.join(path, fname)))
-    return out
 
 
 def load_full_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:

@@ -1,4 +1,4 @@
-"""The one-call weight sync: pause -> upload -> resume, with the version bumped on both sides.
+"""The one-call weight sync: (write) -> pause -> load -> resume, with the version bumped on both sides.
 
 Every trainer rank calls `sync_weights` (it is collective). Rank 0 drives the servers' HTTP
 calls; the actor moves the tensors (disk: HF safetensors written by rank 0; distributed:
@@ -61,13 +61,17 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
 
     `barrier` is a callable that synchronises the trainer ranks (e.g. torch.distributed.barrier).
     """
-    rollout.pause()
-    barrier()  # every rank has stopped submitting before weights move
     if meta.type == "disk":
+        # Writing the files does not touch the servers, so they keep generating meanwhile;
+        # they pause only while they load.
         actor.upload_weights(meta)  # rank 0 writes, then a barrier inside
+        rollout.pause()
+        barrier()  # every rank has stopped submitting before the servers load
         if rank == 0:
             rollout.update_weights(meta).result()
     else:
+        rollout.pause()
+        barrier()  # every rank has stopped submitting before weights move
         if not meta.buckets:
             meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))
         future = rollout.update_weights(meta) if rank == 0 else None

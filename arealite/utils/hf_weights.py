@@ -1,0 +1,25 @@
+"""Reading the tensors of an HF model folder's safetensors files (trainer and built-in server)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import load_file
+
+
+def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
+    """All tensors of the safetensors files in an HF model folder, by name."""
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(path, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
+    out: dict[str, torch.Tensor] = {}
+    for fname in files:
+        out.update(load_file(os.path.join(path, fname)))
+    return out
