@@ -1,0 +1,43 @@
+"""`load_from_disk` reads safetensors straight into the served model, tied weights included."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from arealite.server.model_runner import ModelRunner
+from arealite.server.weights import load_from_disk
+
+
+def _tied_model(src: str, dst: str, seed: int) -> str:
+    config = AutoConfig.from_pretrained(src)
+    config.tie_word_embeddings = True
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(dst)  # writes the tied embedding once
+    return dst
+
+
+def test_tied_checkpoint_loads_and_matches_a_fresh_model(tiny_model_dir, tmp_path):
+    old = _tied_model(tiny_model_dir, str(tmp_path / "old"), seed=1)
+    new = _tied_model(tiny_model_dir, str(tmp_path / "new"), seed=2)
+    runner = ModelRunner(old)
+    load_from_disk(SimpleNamespace(runner=runner), new)
+    fresh = ModelRunner(new)
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    got, _ = runner.prefill(prompts)
+    want, _ = fresh.prefill(prompts)
+    assert torch.equal(got, want)
+    assert runner.model.lm_head.weight.data_ptr() == runner.model.model.embed_tokens.weight.data_ptr()  # still tied
+
+
+def test_checkpoint_of_another_architecture_is_refused_and_weights_stay(tiny_model_dir, tmp_path):
+    runner = ModelRunner(tiny_model_dir)
+    before = {k: v.clone() for k, v in runner.model.state_dict().items()}
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.num_hidden_layers, config.layer_types = 3, ["full_attention"] * 3
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path / "deeper"))
+    with pytest.raises(RuntimeError, match=r"parameter names differ.*model\.layers\.2"):
+        load_from_disk(SimpleNamespace(runner=runner), str(tmp_path / "deeper"))
+    assert all(torch.equal(before[k], v) for k, v in runner.model.state_dict().items())
