@@ -1,7 +1,7 @@
 """Wall time of N GRPO steps at max_head_offpolicyness 0, 2 and 4, side by side in one run.
 
-    PYTHONPATH=. python benchmarks/async_speedup.py [--steps 12] [--max-new-tokens 128] \
-        [--batch-size 4] [--group-size 4] [--offpolicyness 0 2 4] [--no-pin]
+    PYTHONPATH=. python benchmarks/async_speedup.py [--steps 40] [--max-new-tokens 128] \
+        [--batch-size 4] [--group-size 4] [--offpolicyness 0 2 4] [--pause-mode in_place] [--no-pin]
 
 A setting where generation latency dominates: the tiny random Qwen2 (arealite.tools.tiny_model)
 writes long completions (`--max-new-tokens`, EOS still ends a sample) on one built-in
@@ -12,7 +12,9 @@ really overlap instead of sharing cores.
 
 k = 0 is the synchronous loop (rollout_batch -> train -> weight sync). k > 0 uses
 prepare_batch: the next batches are generated while the trainer trains, up to k versions
-stale, with up to (k + 1) batches in flight (rollout.max_concurrent_rollouts).
+stale, with up to (k + 1) batches in flight (rollout.max_concurrent_rollouts), trained with
+the decoupled loss. Weight syncs pause the server with `--pause-mode` (default in_place:
+in-flight requests stay on the server; `abort` interrupts and resubmits them).
 
 The figure is the wall time of all N steps, from the first rollout to the last weight
 sync (servers started and models loaded before the clock starts), so an asynchronous run
@@ -146,7 +148,7 @@ def launch_setting(k: int, args: argparse.Namespace, model: str, workdir: str) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=12, help="steps per setting, all timed")
+    p.add_argument("--steps", type=int, default=40, help="steps per setting, all timed (the pipeline fill included)")
     p.add_argument("--batch-size", type=int, default=4, help="prompts per step")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)

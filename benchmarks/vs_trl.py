@@ -1,7 +1,8 @@
 """GRPO steps/s of arealite next to TRL's GRPOTrainer: same model, task, batch and lengths, one run.
 
     PYTHONPATH=. python benchmarks/vs_trl.py [--steps 8] [--batch-size 8] [--group-size 4] \
-        [--max-new-tokens 32] [--threads 1] [--offpolicyness 0] [--repeats 1]
+        [--max-new-tokens 128] [--threads 1] [--offpolicyness 2] [--pause-mode in_place] \
+        [--no-sync-baseline] [--repeats 1]
 
 Needs TRL (`pip install -e .[bench]`). Both sides train the tiny random Qwen2 from
 `arealite.tools.tiny_model` on the synthetic arithmetic task with the same prompts, group
@@ -11,11 +12,14 @@ per batch. Each side runs in its own subprocess with `--threads` torch threads p
 
 - TRL: `GRPOTrainer` on CPU without vLLM; generation is `model.generate` inside the trainer.
 - arealite: one built-in server (`python -m arealite.server`) plus the training loop of
-  examples/gsm8k_grpo.py in-process: rollout over HTTP, recomputed logprobs, PPO update,
-  disk weight sync (pause -> write -> load -> resume) every step.
+  examples/gsm8k_grpo.py in-process: rollout over HTTP, PPO update (prox_logp from the
+  update's own forward), disk weight sync every step. By default twice: asynchronously at
+  `--offpolicyness 2` with the decoupled loss and `pause_mode=in_place` (how
+  configs/gsm8k_grpo.yaml trains), and synchronously at k=0 (on-policy, like TRL).
 
-The first step of each side is a warm-up and is not timed. Prints per-step wall time,
-samples/s and mean reward for both, then `arealite_vs_trl_speedup=<TRL s/step / arealite s/step>`.
+The first step of each run is a warm-up and is not timed. Prints per-step wall time,
+samples/s and mean reward for every side, `arealite_sync_vs_trl_speedup=<x>` for k=0, and
+last `arealite_vs_trl_speedup=<TRL s/step / arealite s/step at --offpolicyness>`.
 """
 
 from __future__ import annotations
