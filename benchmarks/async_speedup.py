@@ -34,7 +34,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from statistics import mean
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,8 +67,8 @@ def run_setting(args: argparse.Namespace) -> dict:
     from arealite.rollout import RemoteSGLangEngine
     from arealite.server.process import launch_server_process
     from arealite.train import PPOActor
-    from arealite.utils.weight_sync import disk_update_meta, sync_weights
     from arealite.workflow import RLVRWorkflow
+    from grpo_step import timed_grpo_step  # benchmarks/, on sys.path as the script's folder
 
     torch.set_num_threads(1)
     rank, _ = init_distributed()
@@ -97,19 +96,9 @@ def run_setting(args: argparse.Namespace) -> dict:
         data_iter = iter(loader)
         times, phases, rewards, stale = [], [], [], []
         for step in range(args.steps):
-            start = time.perf_counter()
-            if args.k > 0:
-                batch = rollout.prepare_batch(loader, workflow)
-            else:
-                batch = rollout.rollout_batch(next(data_iter), workflow)
-            t_rollout = time.perf_counter()
-            actor.compute_advantages(batch)  # prox_logp comes from the update's own forward (one minibatch)
-            actor.ppo_update(batch)
-            t_train = time.perf_counter()
-            sync_weights(actor, rollout, disk_update_meta(args.workdir, step + 1), rank, barrier)
-            end = time.perf_counter()
-            times.append(end - start)
-            phases.append([t_rollout - start, t_train - t_rollout, end - t_train])
+            batch, phase = timed_grpo_step(step, rollout, actor, workflow, loader, data_iter, args.workdir, rank, barrier)
+            times.append(sum(phase))
+            phases.append(phase)
             rewards.append(batch["rewards"].float().mean().item())
             produced = batch["versions"][batch["versions"] >= 0]
             stale.append(step - int(produced.min()) if produced.numel() else 0)

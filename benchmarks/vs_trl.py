@@ -126,8 +126,8 @@ def run_arealite(args: argparse.Namespace) -> dict:
     from arealite.rollout import RemoteSGLangEngine
     from arealite.server.process import launch_server_process
     from arealite.train import PPOActor
-    from arealite.utils.weight_sync import disk_update_meta, sync_weights
     from arealite.workflow import RLVRWorkflow
+    from grpo_step import timed_grpo_step  # benchmarks/, on sys.path as the script's folder
 
     rank, _ = init_distributed()
     records = make_arithmetic_dataset(args.batch_size * (args.steps + 1), seed=args.seed)
@@ -158,19 +158,11 @@ def run_arealite(args: argparse.Namespace) -> dict:
         times, rewards, lengths, phases, cpu = [], [], [], [], []
         data_iter = iter(loader)
         for step in range(args.steps + 1):
-            start, cpu_start = time.perf_counter(), cpu_seconds()
-            if args.offpolicyness > 0:
-                batch = rollout.prepare_batch(loader, workflow)
-            else:
-                batch = rollout.rollout_batch(next(data_iter), workflow)
-            t_rollout = time.perf_counter()
-            actor.compute_advantages(batch)  # prox_logp comes from the update's own forward (one minibatch)
-            actor.ppo_update(batch)
-            t_train = time.perf_counter()
-            sync_weights(actor, rollout, disk_update_meta(args.workdir, step + 1), rank, barrier)
-            times.append(time.perf_counter() - start)
+            cpu_start = cpu_seconds()
+            batch, phase = timed_grpo_step(step, rollout, actor, workflow, loader, data_iter, args.workdir, rank, barrier)
             cpu.append(cpu_seconds() - cpu_start)
-            phases.append([t_rollout - start, t_train - t_rollout, times[-1] - (t_train - start)])
+            times.append(sum(phase))
+            phases.append(phase)
             rewards.append(batch["rewards"].float().mean().item())
             lengths.append(batch["loss_mask"].sum(1).float().mean().item())
         rollout.destroy()
