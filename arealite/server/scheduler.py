@@ -86,7 +86,12 @@ class Scheduler:
 
     @property
     def num_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
+        """Queued or running requests not yet answered; safe to read from the HTTP thread.
+
+        A request is answered (`finish`) a moment before the scheduler thread drops it from
+        its lists, so counting list lengths could see an already answered request.
+        """
+        return sum(1 for req in (*self.waiting, *self.running) if req.finish_reason is None)
 
     # ---- scheduler thread ----------------------------------------------------------------
     def _loop(self) -> None:
