@@ -14,8 +14,8 @@ per batch. Each side runs in its own subprocess with `--threads` torch threads p
 - arealite: one built-in server (`python -m arealite.server`) plus the training loop of
   examples/gsm8k_grpo.py in-process: rollout over HTTP, PPO update (prox_logp from the
   update's own forward), disk weight sync every step. By default twice: asynchronously at
-  `--offpolicyness 2` with the decoupled loss and `pause_mode=in_place` (how
-  configs/gsm8k_grpo.yaml trains), and synchronously at k=0 (on-policy, like TRL).
+  `--offpolicyness 2` with the decoupled loss (as configs/gsm8k_grpo.yaml) and
+  `--pause-mode in_place`, and synchronously at k=0 (on-policy, like TRL).
 
 The first step of each run is a warm-up and is not timed. Prints per-step wall time,
 samples/s and mean reward for every side, `arealite_sync_vs_trl_speedup=<x>` for k=0, and
