@@ -56,14 +56,9 @@ def _read_checkpoint(model_path: str) -> dict[str, torch.Tensor]:
 
 
 def _tied_aliases(model: torch.nn.Module) -> set[str]:
-    """state_dict names that share storage with an earlier name (tied weights: saved once)."""
-    seen, aliases = set(), set()
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        ptr = tensor.data_ptr()
-        if ptr in seen:
-            aliases.add(name)
-        seen.add(ptr)
-    return aliases
+    """Parameter names that repeat an earlier parameter (tied weights: checkpoints save them once)."""
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    return every - {name for name, _ in model.named_parameters()}
 
 
 def load_from_disk(state: ServerState, model_path: str) -> None:
