@@ -31,6 +31,7 @@ from arealite.train import weights as W
 from arealite.train.lr_schedule import build_scheduler
 from arealite.train.stats import StatsAccumulator
 from arealite.types import WeightUpdateMeta
+from arealite.utils.hf_weights import read_hf_weights
 
 # loss_fn(logits [N, V] of one packed micro-batch, that micro-batch) -> (scalar loss, stats)
 LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, Any]]]
@@ -266,7 +267,7 @@ class FSDPEngine:
 
     def load(self, path: str) -> None:
         """Load weights from an HF folder into the sharded model (every rank reads the files)."""
-        W.load_full_weights(self.model, W.read_hf_weights(path))
+        W.load_full_weights(self.model, read_hf_weights(path))
 
     def save_checkpoint(self, path: str) -> None:
         """Write resumable state (sharded weights, optimizer, lr schedule) to `path`; collective."""

@@ -22,7 +22,6 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from arealite import distributed as dist_utils
-from arealite.utils.hf_weights import read_hf_weights  # noqa: F401  (re-exported: engine.load)
 from arealite.utils.process_group import broadcast
 
 WeightSpec = tuple[str, str, list[int]]  # (name, torch dtype attribute name, shape)

@@ -80,7 +80,7 @@ def test_sft_steps_fit_a_batch(tiny_model_dir, tokenizer):
 @pytest.mark.timeout(180)
 def test_warm_start_is_deterministic_and_skips_an_existing_model(tmp_path, tiny_model_dir, capsys):
     from arealite.tools.sft_warmstart import main
-    from arealite.train.weights import read_hf_weights
+    from arealite.utils.hf_weights import read_hf_weights
 
     def run(out: str) -> None:
         argv = [f"sft.base_path={tiny_model_dir}", f"actor.path={out}", "sft.steps=3", "sft.batch_size=8",
