@@ -37,6 +37,20 @@ def _layout(cu_seqlens: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, int,
     return seq * longest + offset, num, longest
 
 
+# The layout of the last packed row: every layer of one forward gets the same cu_seq_lens_q
+# tensor, so it is derived once per forward, not once per layer (each derivation also waits
+# on the device twice). Holding the tensor keeps the identity check sound.
+_last_layout: tuple[torch.Tensor, int, tuple[torch.Tensor, int, int]] | None = None
+
+
+def _layout_of(cu_seqlens: torch.Tensor, n_tokens: int) -> tuple[torch.Tensor, int, int]:
+    """`_layout`, reused while the same cu_seqlens tensor comes back (the layers of one forward)."""
+    global _last_layout
+    if _last_layout is None or _last_layout[0] is not cu_seqlens or _last_layout[1] != n_tokens:
+        _last_layout = (cu_seqlens, n_tokens, _layout(cu_seqlens, n_tokens))
+    return _last_layout[2]
+
+
 def _to_padded(x: torch.Tensor, flat: torch.Tensor, num: int, longest: int) -> torch.Tensor:
     """[1, H, N, D] packed -> [S, H, L_max, D] right-padded with zeros."""
     heads, dim = x.shape[1], x.shape[3]
@@ -63,7 +77,7 @@ def varlen_sdpa_forward(
     n_tokens = query.shape[2]
     if cu_seq_lens_q is None:
         cu_seq_lens_q = torch.tensor([0, n_tokens], device=query.device)
-    flat, num, longest = _layout(cu_seq_lens_q.to(query.device), n_tokens)
+    flat, num, longest = _layout_of(cu_seq_lens_q.to(query.device), n_tokens)
     q, k, v = (_to_padded(t, flat, num, longest) for t in (query, key, value))
     mask = None
     if sliding_window is not None:  # causal band: key j visible from query i iff i - window < j <= i
