@@ -49,6 +49,17 @@ class LaunchedRun:
                 pytest.fail(f"timed out waiting for {what}")
             time.sleep(0.3)
 
+    def trainers_started(self, n: int):
+        """A predicate for `wait_for`: at least `n` trainer ranks have written their pid files."""
+        pid_dir = self.run_dir / "trainer-pids"
+        return lambda: pid_dir.is_dir() and len(os.listdir(pid_dir)) >= n
+
+    def kill_first_server(self) -> int:
+        """SIGKILL server-0 of the run; returns its pid."""
+        pid = next(p["pid"] for p in self.processes() if p["name"] == "server-0")
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
     def all_pids(self) -> list[int]:
         pids = [p["pid"] for p in self.processes()]
         pid_dir = self.run_dir / "trainer-pids"

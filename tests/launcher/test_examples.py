@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from arealite.config import GRPOConfig, load_config
+from tests.launcher.conftest import pid_alive
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -32,14 +33,6 @@ def _require(kind: str) -> None:
         ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
         if "is UP" not in ping.stdout:
             pytest.fail(f"slurmctld is not answering ({ping.stdout.strip()}); run .ci/slurm_setup.sh as root")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("kind", ["ray", "slurm"])
@@ -64,4 +57,4 @@ def test_example_runs_two_steps(kind, tmp_path, tiny_model_dir):
     assert {"server-0.log", "server-1.log"} <= set(logs)
     assert any(name.startswith(("trainer", "slurm-trainer")) for name in logs)
     pids = [json.loads(line)["pid"] for line in open(os.path.join(run_dir, "processes.jsonl"))]
-    assert len(pids) >= 4 and not [p for p in pids if _alive(p)]
+    assert len(pids) >= 4 and not [p for p in pids if pid_alive(p)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 
@@ -15,16 +14,6 @@ from arealite.launcher.local import LocalRun, main
 from arealite.launcher.process import ManagedProcess
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def _kill_first_server(run) -> int:
-    pid = next(p["pid"] for p in run.processes() if p["name"] == "server-0")
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
-def _trainers_started(run, n: int):
-    return lambda: (run.run_dir / "trainer-pids").is_dir() and len(os.listdir(run.run_dir / "trainer-pids")) >= n
 
 
 def test_two_servers_two_trainers(launch, tiny_model_dir):
@@ -56,8 +45,8 @@ def test_trainer_exit_status_is_returned(tmp_path):
 
 def test_killed_server_without_restarts_stops_everything(launch, tiny_model_dir):
     run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait")
-    run.wait_for(_trainers_started(run, 2), what="two trainer ranks")
-    pid = _kill_first_server(run)
+    run.wait_for(run.trainers_started(2), what="two trainer ranks")
+    pid = run.kill_first_server()
     code, _, err = run.finish()
     assert code != 0
     assert f"server-0 (pid {pid}" in err and "was killed by SIGKILL" in err and "restarts used: 0 of 0" in err
@@ -66,8 +55,8 @@ def test_killed_server_without_restarts_stops_everything(launch, tiny_model_dir)
 
 def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir):
     run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1"], mode="wait")
-    run.wait_for(_trainers_started(run, 1), what="the trainer")
-    old_pid = _kill_first_server(run)
+    run.wait_for(run.trainers_started(1), what="the trainer")
+    old_pid = run.kill_first_server()
     run.wait_for(lambda: len([p for p in run.processes() if p["name"] == "server-0"]) == 2, what="a restart")
     (run.run_dir / "stop").touch()
     code, _, err = run.finish()
@@ -80,7 +69,7 @@ def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir):
 
 def test_sigterm_stops_every_child(launch, tiny_model_dir):
     run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait")
-    run.wait_for(_trainers_started(run, 2), what="two trainer ranks")
+    run.wait_for(run.trainers_started(2), what="two trainer ranks")
     run.proc.send_signal(signal.SIGTERM)
     code, _, err = run.finish()
     assert code == 128 + signal.SIGTERM, err

@@ -9,21 +9,14 @@ import sys
 import time
 
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+from tests.launcher.conftest import pid_alive
 
 
 def _wait_gone(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return not _alive(pid)
+    return not pid_alive(pid)
 
 
 def test_stop_reaches_grandchildren(tmp_path):
@@ -49,7 +42,7 @@ def test_children_die_with_a_killed_launcher(tmp_path):
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
-    assert _alive(child)
+    assert pid_alive(child)
     os.kill(parent.pid, signal.SIGKILL)  # no cleanup runs: only PR_SET_PDEATHSIG can stop the child
     parent.wait()
     assert _wait_gone(child)

@@ -75,22 +75,12 @@ def ray_cluster(tmp_path_factory):
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _trainers_started(run, n: int):
-    return lambda: (run.run_dir / "trainer-pids").is_dir() and len(os.listdir(run.run_dir / "trainer-pids")) >= n
-
-
-def _kill_first_server(run) -> int:
-    pid = next(p["pid"] for p in run.processes() if p["name"] == "server-0")
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
 def test_killed_server_without_restarts_tears_everything_down(launch, tiny_model_dir):
     # The launcher starts its own local cluster here, so Ray's daemons count as the run's processes.
     run = launch("ray", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait")
-    run.wait_for(_trainers_started(run, 2), timeout=180, what="two trainer ranks")
+    run.wait_for(run.trainers_started(2), timeout=180, what="two trainer ranks")
     below = run.descendants()
-    pid = _kill_first_server(run)
+    pid = run.kill_first_server()
     code, _, err = run.finish(timeout=180)
     assert code != 0, err
     assert f"server-0 (pid {pid}" in err and "restarts used: 0 of 0" in err
@@ -101,8 +91,8 @@ def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir, ra
     # An existing cluster (launcher.ray_address), as a user's would be.
     overrides = [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1", f"launcher.ray_address={ray_cluster}"]
     run = launch("ray", overrides, mode="wait", env=LOOPBACK_CLUSTER_ENV)
-    run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
-    old_pid = _kill_first_server(run)
+    run.wait_for(run.trainers_started(1), timeout=180, what="the trainer rank")
+    old_pid = run.kill_first_server()
     run.wait_for(lambda: len([p for p in run.processes() if p["name"] == "server-0"]) == 2, what="a restart")
     (run.run_dir / "stop").touch()
     code, _, err = run.finish(timeout=180)
@@ -113,12 +103,11 @@ def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir, ra
     assert not run.alive_pids()
 
 
-
 def test_sigterm_stops_every_actor_and_child(launch, tiny_model_dir, ray_cluster):
     # ray.init replaces SIGTERM with a handler that aborts the driver; the launcher takes it back.
     overrides = [f"actor.path={tiny_model_dir}", f"launcher.ray_address={ray_cluster}"]
     run = launch("ray", overrides, mode="wait", env=LOOPBACK_CLUSTER_ENV)
-    run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
+    run.wait_for(run.trainers_started(1), timeout=180, what="the trainer rank")
     run.proc.send_signal(signal.SIGTERM)
     code, _, err = run.finish(timeout=180)
     assert code == 128 + signal.SIGTERM, err

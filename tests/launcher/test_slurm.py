@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 
 import pytest
@@ -31,16 +30,6 @@ def slurm():
     _slurm_ready()
 
 
-def _trainers_started(run, n: int):
-    return lambda: (run.run_dir / "trainer-pids").is_dir() and len(os.listdir(run.run_dir / "trainer-pids")) >= n
-
-
-def _kill_first_server(run) -> int:
-    pid = next(p["pid"] for p in run.processes() if p["name"] == "server-0")
-    os.kill(pid, signal.SIGKILL)
-    return pid
-
-
 def test_dry_run_prints_both_scripts_without_submitting(tmp_path, capsys):
     script = tmp_path / "train.py"
     script.write_text("")
@@ -57,8 +46,8 @@ def test_dry_run_prints_both_scripts_without_submitting(tmp_path, capsys):
 
 def test_killed_server_without_restarts_cancels_everything(slurm, launch, tiny_model_dir):
     run = launch("slurm", [f"actor.path={tiny_model_dir}"], mode="wait")
-    run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
-    pid = _kill_first_server(run)
+    run.wait_for(run.trainers_started(1), timeout=180, what="the trainer rank")
+    pid = run.kill_first_server()
     code, _, err = run.finish(timeout=180)
     assert code != 0
     assert f"server-0 (pid {pid}" in err and "restarts used: 0 of 0" in err and "cancelled every job" in err
@@ -68,8 +57,8 @@ def test_killed_server_without_restarts_cancels_everything(slurm, launch, tiny_m
 
 def test_killed_server_is_restarted_and_run_completes(slurm, launch, tiny_model_dir):
     run = launch("slurm", [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1"], mode="wait")
-    run.wait_for(_trainers_started(run, 1), timeout=180, what="the trainer rank")
-    old_pid = _kill_first_server(run)
+    run.wait_for(run.trainers_started(1), timeout=180, what="the trainer rank")
+    old_pid = run.kill_first_server()
     run.wait_for(lambda: len([p for p in run.processes() if p["name"] == "server-0"]) == 2, what="a restart")
     (run.run_dir / "stop").touch()
     code, _, err = run.finish(timeout=180)
