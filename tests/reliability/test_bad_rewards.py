@@ -4,7 +4,9 @@ the batch carries only real scores, and one bad reward costs only its own sample
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import Iterator
 
 import pytest
 
@@ -33,28 +35,28 @@ def engine(builtin_server):
     engine.destroy()
 
 
-def _workflow(reward_fn, tokenizer, group_size: int = 2, timeout: float = 30.0) -> RLVRWorkflow:
+@contextlib.contextmanager
+def _workflow(reward_fn, tokenizer, group_size: int = 2, timeout: float = 30.0) -> Iterator[RLVRWorkflow]:
+    """An RLVRWorkflow with a reward pool of its own, closed on exit."""
     gconfig = GenerationHyperparameters(group_size=group_size, max_new_tokens=4)
-    return RLVRWorkflow(reward_fn, gconfig, tokenizer, reward_pool=RewardPool(max_workers=2, timeout=timeout))
+    workflow = RLVRWorkflow(reward_fn, gconfig, tokenizer, reward_pool=RewardPool(max_workers=2, timeout=timeout))
+    try:
+        yield workflow
+    finally:
+        workflow.scorer.pool.close()
 
 
 def test_raising_reward_is_counted_and_its_groups_skipped(engine, tokenizer):
-    workflow = _workflow(rewards.raises, tokenizer)
-    try:
+    with _workflow(rewards.raises, tokenizer) as workflow:
         with pytest.raises(RolloutWorkflowError, match="all 3 episodes were rejected"):
             engine.rollout_batch(_records(3), workflow)
-    finally:
-        workflow.scorer.pool.close()
     assert workflow.stats["reward_errors"] == 3 * 2
     assert workflow.stats["rejected_groups"] == 3
 
 
 def test_hanging_reward_times_out_and_only_its_group_is_skipped(engine, tokenizer):
-    workflow = _workflow(rewards.hangs_on_first, tokenizer, group_size=1, timeout=8.0)
-    try:
+    with _workflow(rewards.hangs_on_first, tokenizer, group_size=1, timeout=8.0) as workflow:
         batch = engine.rollout_batch(_records(3, hang=0), workflow)
-    finally:
-        workflow.scorer.pool.close()
     assert workflow.stats["reward_timeouts"] == 1
     assert workflow.stats["rejected_groups"] == 1
     assert batch["rewards"].tolist() == [1.0, 1.0]
@@ -62,12 +64,9 @@ def test_hanging_reward_times_out_and_only_its_group_is_skipped(engine, tokenize
 
 def test_nan_reward_is_counted_not_trained_on(engine, tokenizer):
     """A NaN score would poison group normalisation: it must count as a failed reward."""
-    workflow = _workflow(rewards.nan, tokenizer)
-    try:
+    with _workflow(rewards.nan, tokenizer) as workflow:
         with pytest.raises(RolloutWorkflowError, match="all 2 episodes were rejected"):
             engine.rollout_batch(_records(2), workflow)
-    finally:
-        workflow.scorer.pool.close()
     assert workflow.stats["reward_errors"] == 2 * 2
 
 

@@ -24,6 +24,21 @@ pytestmark = pytest.mark.timeout(300)
 GROUP = 3
 
 
+def _rollout_in_background(engine, servers, records, workflow):
+    """Start `rollout_batch` on a thread; returns (thread, its result dict, a server that got
+    work within 60 s, or None)."""
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(batch=engine.rollout_batch(records, workflow)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        busy = [s for s in servers if engine.pool.outstanding(s.address) > 0]
+        if busy:
+            return worker, result, busy[0]
+        time.sleep(0.05)
+    return worker, result, None
+
+
 def test_killed_server_fails_over_and_rejoins(tiny_model_dir, tmp_path):
     servers = start_servers(tiny_model_dir, tmp_path, 3)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -34,15 +49,7 @@ def test_killed_server_fails_over_and_rejoins(tiny_model_dir, tmp_path):
     restarted = None
     try:
         engine.initialize()
-        result: dict = {}
-        worker = threading.Thread(target=lambda: result.update(batch=engine.rollout_batch(records, workflow)))
-        worker.start()
-        deadline = time.monotonic() + 60
-        victim = None
-        while victim is None and time.monotonic() < deadline:  # kill a server that holds groups
-            busy = [s for s in servers if engine.pool.outstanding(s.address) > 0]
-            victim = busy[0] if busy else None
-            time.sleep(0.05)
+        worker, result, victim = _rollout_in_background(engine, servers, records, workflow)  # kill one holding groups
         assert victim is not None, "no server ever received work"
         time.sleep(0.3)
         kill(victim)
@@ -99,14 +106,7 @@ def test_hung_server_is_detected_by_probes_and_rejoins(tiny_model_dir, tmp_path)
     frozen = None
     try:
         engine.initialize()
-        result: dict = {}
-        worker = threading.Thread(target=lambda: result.update(batch=engine.rollout_batch(records, workflow)))
-        worker.start()
-        deadline = time.monotonic() + 60
-        while frozen is None and time.monotonic() < deadline:
-            busy = [s for s in servers if engine.pool.outstanding(s.address) > 0]
-            frozen = busy[0] if busy else None
-            time.sleep(0.05)
+        worker, result, frozen = _rollout_in_background(engine, servers, records, workflow)
         assert frozen is not None, "no server ever received work"
         os.kill(frozen.proc.pid, signal.SIGSTOP)
         worker.join(timeout=200)
