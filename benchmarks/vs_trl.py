@@ -194,20 +194,19 @@ def launch_side(side: str, k: int, args: argparse.Namespace, model: str, workdir
     ]  # fmt: skip
     if args.max_tokens_per_mb is not None:
         cmd += ["--max-tokens-per-mb", str(args.max_tokens_per_mb)]
-    side = tag
     env = {
         **os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
         "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
     }  # fmt: skip
-    os.makedirs(os.path.join(workdir, side), exist_ok=True)
-    log = os.path.join(workdir, f"{side}.log")
+    os.makedirs(os.path.join(workdir, tag), exist_ok=True)
+    log = os.path.join(workdir, f"{tag}.log")
     with open(log, "w") as f:
         proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
         with open(log) as f:
             tail = f.read()[-3000:]
-        raise SystemExit(f"{side} side failed with exit code {proc.returncode}; log tail:\n{tail}")
+        raise SystemExit(f"{tag} side failed with exit code {proc.returncode}; log tail:\n{tail}")
     with open(out) as f:
         return json.load(f)
 
