@@ -56,6 +56,9 @@ class PPOActor(FSDPEngine):
     def compute_advantages(self, batch: Batch) -> Batch:
         """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it.
 
+        With `mask_no_eos_with_zero` it also replaces `loss_mask` by one without the truncated
+        responses (so the critic's update skips them too).
+
         A KL-in-reward penalty reads `prox_logp`: if the batch lacks it (and
         `recompute_logprob` is on) it is computed here first and left in `batch`, so the
         update uses the same values; collective then.
