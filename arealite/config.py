@@ -261,8 +261,8 @@ class LauncherConfig:
     server_start_timeout: float = 180.0
     max_server_restarts: int = 0  # restarts per server before the run stops
     setup_commands: list[str] = field(default_factory=list)  # shell commands run once before servers start
-    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task)
-    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task)
+    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task; local built-in server: its torch threads unless OMP_NUM_THREADS is set)
+    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task; local: its torch threads unless OMP_NUM_THREADS is set)
     ray_address: str = ""  # Ray cluster to join ("auto" or host:port); empty: $RAY_ADDRESS, else start a local one
     trainer_nodes: int = 1  # Slurm nodes the trainer ranks span (n_trainers split evenly across them)
     slurm_partition: str = ""  # sbatch --partition; empty: the cluster's default partition

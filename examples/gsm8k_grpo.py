@@ -101,12 +101,12 @@ def main(argv: list[str]) -> None:
                     batch = sampler.next_batch(rollout, workflow)
                 else:
                     batch = rollout.rollout_batch(next(prompt_batches), workflow)
-            stats.update(batch_stats(tracker, batch, version))  # before compute_advantages edits loss_mask
             with timer("train"):
                 if ref is not None:  # the KL term's anchor
                     batch["ref_logp"] = ref.compute_logp(batch, config.actor.temperature)
                 if critic is not None:  # PPO: advantages by GAE on the critic's values
                     batch["values"] = critic.compute_values(batch)
+                stats.update(batch_stats(tracker, batch, version))  # before compute_advantages edits loss_mask
                 # No separate logp pass: a one-step update takes the pre-update logprobs
                 # (prox_logp) from its own forward; the actor recomputes them only when needed.
                 actor.compute_advantages(batch)

@@ -1,5 +1,6 @@
 """PNG plots of a run's `stats.jsonl`: reward, held-out accuracy, entropy, response length,
-truncated fraction, train-inference mismatch, staleness, loss and timings per step.
+truncated fraction, train-inference mismatch, staleness, loss and KL, timings per step, and
+what dynamic sampling dropped.
 
     python -m arealite.utils.plots RUN_DIR        # writes RUN_DIR/plots.png
 
@@ -25,8 +26,9 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ("truncated fraction (hit max_new_tokens without a stop)", "step", ["truncated_frac"]),
     ("train-inference mismatch |logprobs - prox_logp|", "step", ["logprob_mismatch", "logprob_mismatch_max"]),
     ("staleness of trained tokens (versions behind)", "step", ["staleness", "staleness_max"]),
-    ("loss", "step", ["loss", "kl", "critic/loss"]),
+    ("loss; KL to the reference model", "step", ["loss", "critic/loss", "kl", "kl_ref"]),
     ("seconds per step", "step", ["time/*"]),
+    ("dynamic sampling: groups dropped / filled in (cumulative)", "step", ["dropped_groups", "filler_groups"]),
 ]
 COLUMNS = 2
 

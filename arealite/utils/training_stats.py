@@ -17,8 +17,10 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
     `reward`, `response_len` and `prompt_len` (means, with `_max`/`_min`); `truncated_frac`,
     the fraction of responses that ran out of `max_new_tokens` (when the workflow reports
     `truncated`); and with the trainer's weight `version`, `staleness`: how many versions
-    behind it the policy that sampled each trained token is (0 when synchronous).
-    Call it before `compute_advantages`, which may drop truncated responses from `loss_mask`.
+    behind it the policy that sampled each trained token is (0 when synchronous); with the
+    reference model's `ref_logp`, `kl_ref`: the sampled tokens' mean `logprobs - ref_logp`
+    (an estimate of KL(behaviour policy || reference)). Call it before `compute_advantages`,
+    which may drop truncated responses from `loss_mask`.
     """
     attn = batch["attention_mask"].bool()  # [B, T]
     loss_mask = batch["loss_mask"].bool()  # [B, T]
@@ -32,6 +34,8 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
     if version is not None and "versions" in batch:
         produced = loss_mask & (batch["versions"] >= 0)
         tracker.masked_mean("staleness", (version - batch["versions"]).float(), produced)
+    if "ref_logp" in batch:
+        tracker.masked_mean("kl_ref", batch["logprobs"].float() - batch["ref_logp"].float(), loss_mask)
     return tracker.export()
 
 

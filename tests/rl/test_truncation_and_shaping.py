@@ -92,6 +92,9 @@ def test_batch_stats_report_truncated_fraction_and_staleness():
     assert stats["staleness"] == pytest.approx((n - 2 + 2 * 3) / n)  # 1 behind, except two tokens 3 behind
     assert stats["staleness_max"] == 3 and stats["staleness_min"] == 1
     assert stats["response_len"] == pytest.approx(n / 4)
+    assert "kl_ref" not in stats
+    batch["ref_logp"] = batch["logprobs"] - 0.25 * mask  # the policy sampled 0.25 nats above the reference
+    assert batch_stats(StatsTracker(), batch)["kl_ref"] == pytest.approx(0.25)
 
 
 def test_asynchronous_filter_lets_a_group_through_after_the_search_bound():
