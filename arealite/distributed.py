@@ -6,6 +6,11 @@ on an in-memory store, so the same training code runs unchanged. The backend is 
 CPU; on CUDA it is nccl for GPU tensors with gloo beside it for CPU tensors (object
 collectives, metadata).
 
+Device: each rank trains on GPU LOCAL_RANK when CUDA is usable, else on the CPU. A node
+needs one visible GPU per local rank; with fewer, `init_distributed` refuses naming both
+numbers (CUDA would only say "invalid device ordinal"). `AREALITE_TRAIN_DEVICE=cpu` trains
+on the CPU (gloo) even where GPUs are visible: what tests with more ranks than GPUs use.
+
 Deliberately absent: tensor/sequence parallelism and multi-dimensional meshes; arealite's
 trainer is data-parallel FSDP2 only.
 """
@@ -19,18 +24,46 @@ import torch
 import torch.distributed as dist
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DEVICE_ENV = "AREALITE_TRAIN_DEVICE"  # auto (default) | cpu | cuda
+
+
+def visible_gpu_count() -> int:
+    """CUDA devices this process can use (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_type() -> str:
+    """'cuda' or 'cpu': `$AREALITE_TRAIN_DEVICE` when set, else 'cuda' iff a GPU is visible."""
+    forced = os.environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
+    if forced not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"{DEVICE_ENV}={forced!r} is not supported; use auto, cpu or cuda")
+    if forced == "auto":
+        return "cuda" if visible_gpu_count() > 0 else "cpu"
+    if forced == "cuda" and visible_gpu_count() == 0:
+        raise RuntimeError(f"{DEVICE_ENV}=cuda but no CUDA device is visible; unset it to train on the CPU")
+    return forced
+
+
+def check_gpus_for_ranks(local_ranks: int, gpus: int) -> None:
+    """Refuse `local_ranks` GPU trainer ranks on a node with `gpus` visible GPUs (one each)."""
+    if local_ranks > gpus:
+        raise RuntimeError(
+            f"{local_ranks} trainer ranks on this node but only {gpus} visible GPU(s): each rank needs its own "
+            f"GPU. Set launcher.n_trainers={gpus} (or fewer), or {DEVICE_ENV}=cpu to train on the CPU with gloo"
+        )
 
 
 def default_backend() -> str:
-    """`cpu:gloo,cuda:nccl` when CUDA is usable, else `gloo`."""
-    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    """`cpu:gloo,cuda:nccl` when training on CUDA, else `gloo`."""
+    return "cpu:gloo,cuda:nccl" if device_type() == "cuda" else "gloo"
 
 
 def init_distributed(backend: str | None = None, timeout: float = 1800.0) -> tuple[int, int]:
     """Join torchrun's job, or start a single-process world; returns (rank, world_size).
 
     A no-op when already initialized. `backend` defaults to `default_backend()`. On CUDA
-    the current device is set to LOCAL_RANK before the group is created.
+    the current device is set to LOCAL_RANK before the group is created; with more local
+    ranks than visible GPUs it raises RuntimeError naming both numbers.
     """
     if not dist.is_initialized():
         _init(backend, timeout)
@@ -39,7 +72,9 @@ def init_distributed(backend: str | None = None, timeout: float = 1800.0) -> tup
 
 def _init(backend: str | None, timeout: float) -> None:
     backend = backend or default_backend()
-    if torch.cuda.is_available():
+    if device_type() == "cuda":
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank() + 1))
+        check_gpus_for_ranks(max(local_ranks, local_rank() + 1), visible_gpu_count())
         torch.cuda.set_device(local_rank())
     if all(v in os.environ for v in _TORCHRUN_VARS):
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
@@ -75,8 +110,8 @@ def is_main() -> bool:
 
 
 def device() -> torch.device:
-    """The device this rank computes on: its CUDA device, or the CPU."""
-    if torch.cuda.is_available():
+    """The device this rank computes on: its CUDA device, or the CPU (see `device_type`)."""
+    if device_type() == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
