@@ -6,10 +6,9 @@ on an in-memory store, so the same training code runs unchanged. The backend is 
 CPU; on CUDA it is nccl for GPU tensors with gloo beside it for CPU tensors (object
 collectives, metadata).
 
-Device: each rank trains on GPU LOCAL_RANK when CUDA is usable, else on the CPU. A node
-needs one visible GPU per local rank; with fewer, `init_distributed` refuses naming both
-numbers (CUDA would only say "invalid device ordinal"). `AREALITE_TRAIN_DEVICE=cpu` trains
-on the CPU (gloo) even where GPUs are visible: what tests with more ranks than GPUs use.
+Device (`arealite.devices`): GPU LOCAL_RANK when CUDA is usable, else the CPU;
+`AREALITE_TRAIN_DEVICE=cpu` forces the CPU. With more local ranks than visible GPUs,
+`init_distributed` refuses naming both numbers.
 
 Deliberately absent: tensor/sequence parallelism and multi-dimensional meshes; arealite's
 trainer is data-parallel FSDP2 only.
@@ -23,8 +22,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from arealite.devices import DEVICE_ENV, check_gpus_for_ranks, requested_train_device
+
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-DEVICE_ENV = "AREALITE_TRAIN_DEVICE"  # auto (default) | cpu | cuda
 
 
 def visible_gpu_count() -> int:
@@ -34,23 +34,12 @@ def visible_gpu_count() -> int:
 
 def device_type() -> str:
     """'cuda' or 'cpu': `$AREALITE_TRAIN_DEVICE` when set, else 'cuda' iff a GPU is visible."""
-    forced = os.environ.get(DEVICE_ENV, "auto").strip().lower() or "auto"
-    if forced not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"{DEVICE_ENV}={forced!r} is not supported; use auto, cpu or cuda")
-    if forced == "auto":
+    requested = requested_train_device()
+    if requested == "auto":
         return "cuda" if visible_gpu_count() > 0 else "cpu"
-    if forced == "cuda" and visible_gpu_count() == 0:
+    if requested == "cuda" and visible_gpu_count() == 0:
         raise RuntimeError(f"{DEVICE_ENV}=cuda but no CUDA device is visible; unset it to train on the CPU")
-    return forced
-
-
-def check_gpus_for_ranks(local_ranks: int, gpus: int) -> None:
-    """Refuse `local_ranks` GPU trainer ranks on a node with `gpus` visible GPUs (one each)."""
-    if local_ranks > gpus:
-        raise RuntimeError(
-            f"{local_ranks} trainer ranks on this node but only {gpus} visible GPU(s): each rank needs its own "
-            f"GPU. Set launcher.n_trainers={gpus} (or fewer), or {DEVICE_ENV}=cpu to train on the CPU with gloo"
-        )
+    return requested
 
 
 def default_backend() -> str:

@@ -54,11 +54,11 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
 
 
-def _attn_implementation(device: torch.device) -> str:
-    # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA;
-    # elsewhere our varlen sdpa pads per sequence (transformers' own sdpa path would build a
-    # dense N x N block-diagonal mask: quadratic in the micro-batch's total tokens).
-    if device.type == "cuda":
+def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
+    # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA
+    # (in bf16/fp16 only); elsewhere our varlen sdpa pads per sequence (transformers' own sdpa
+    # path would build a dense N x N block-diagonal mask: quadratic in the micro-batch's tokens).
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         try:
             import flash_attn  # noqa: F401
 
@@ -102,7 +102,7 @@ class FSDPEngine:
         config = self.config
         self.device = dist_utils.device()
         self.compute_dtype = self._compute_dtype(config.dtype)
-        model = self._build_model(config.path, _attn_implementation(self.device))
+        model = self._build_model(config.path, _attn_implementation(self.device, self.compute_dtype))
         self.hf_config = model.config
         if config.gradient_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
