@@ -9,6 +9,7 @@ import torch
 
 from arealite.server.model_runner import ModelRunner
 from arealite.server.sampling import SamplingParams, _sample_truncated, apply_penalties, sample
+from tests.tolerance import assert_close
 
 
 def naive_allowed(probs: list[float], top_k: int, top_p: float, min_p: float) -> set[int]:
@@ -109,5 +110,5 @@ def test_kv_batch_join_and_leave_equals_solo(model_dir):
             got[i].append(logits[row])
     for i, rows in got.items():
         for a, b in zip(rows, refs[i]):
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+            assert_close(a, b, n=64)  # fp32 logits through the tiny model's 64-long dot products
     assert kv.mask.shape[0] == 2

@@ -170,3 +170,16 @@ def test_actor_loss_entropy_is_token_aligned(entropy_coef):
     assert close(stats["entropy"].item(), sum(ents) / len(ents), n=40)  # softmax sums over 40 logits
     loss.backward()  # advantages are 0: only the entropy bonus moves the logits
     assert (logits.grad.abs().sum() > 0) == (entropy_coef > 0)
+
+
+def test_advantage_stats_name_the_backend_and_time(actor):
+    batch = make_batch([9, 7, 8, 6], seed=19)
+    batch["logprobs"] = actor.compute_logp(batch)
+    want = estimate_advantages(dict(batch), actor.config)["advantages"]
+    actor.compute_advantages(batch)
+    assert batch["advantages"].device == batch["loss_mask"].device
+    assert_close(batch["advantages"], want, n=2)
+    stats = actor.ppo_update(batch)
+    on_cuda = actor.device.type == "cuda"
+    assert all(s["advantages/backend_triton"] == float(on_cuda) and s["time/advantages"] > 0 for s in stats)
+    assert "time/advantages" not in actor.ppo_update(batch)[0]  # reported once, with the update it fed

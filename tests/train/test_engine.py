@@ -122,3 +122,21 @@ def test_checkpoint_resume_continues_identically(tiny_model_dir, tmp_path):
     assert resumed.optimizer.param_groups[0]["lr"] == lr_before < 1e-2  # the schedule resumed mid-decay
     resumed.train_batch(batch, _logp_loss, _weight)  # needs the restored Adam moments to match
     assert_close(resumed.forward(batch), want, n=HIDDEN)
+
+
+def test_bf16_mixed_precision_keeps_fp32_masters_and_stays_within_bf16_rounding(tiny_model_dir):
+    # The mixed-precision path GPU runs take by default (dtype auto), exercised here on the CPU.
+    from torch.distributed.tensor import DTensor
+
+    batch = make_batch([12, 5, 9, 7], seed=21)
+    bf16 = FSDPEngine(TrainEngineConfig(path=tiny_model_dir, dtype="bfloat16", optimizer=OptimizerConfig(lr=1e-3))).initialize()
+    fp32 = _engine(tiny_model_dir)
+    assert bf16.compute_dtype == torch.bfloat16
+    logits, ref = bf16.forward(batch), fp32.forward(batch)
+    assert logits.dtype == torch.bfloat16
+    assert_close(logits.float(), ref, torch.bfloat16, n=HIDDEN, k=1)  # measured: 0.7% of max |logit|
+    acc, _ = bf16._accumulate_gradients(batch, _logp_loss, _weight)
+    acc32, _ = fp32._accumulate_gradients(batch, _logp_loss, _weight)
+    local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in bf16.model.parameters()]
+    assert all(g.dtype == torch.float32 for g in local)  # fp32 master weights and gradient reduction
+    assert close(acc.reduce()["loss"], acc32.reduce()["loss"], torch.bfloat16, k=1)

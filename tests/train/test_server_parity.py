@@ -5,6 +5,8 @@ is measured by tests/gpu/test_cuda.py); the bound is fp32 rounding through the m
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -73,3 +75,39 @@ def test_disk_weight_sync_then_logprobs_still_match(server, actor, tmp_path):
     batch = batch_from_results(PROMPTS, results)
     assert mean_abs_logprob_diff(actor.compute_logp(batch), batch) <= parity_bound(batch)
     assert actor.get_version() == 1
+
+
+@pytest.mark.timeout(240)
+def test_disk_sync_keeps_the_newest_versions_after_the_servers_confirm(server, actor, tmp_path):
+    from arealite.config import InferenceEngineConfig
+    from arealite.rollout import RemoteSGLangEngine
+    from arealite.utils.weight_sync import init_weight_update, sync_weights
+
+    rollout = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [server.address])
+    rollout.initialize()
+    try:
+        meta_for = init_weight_update(actor, rollout, "disk", str(tmp_path), rank=0, keep_versions=2)
+        (tmp_path / "weights").mkdir()
+        (tmp_path / "weights" / "v9").mkdir()  # left over from a crashed attempt: above the versions synced
+        (tmp_path / "weights" / "notes").mkdir()  # not a version folder: left alone
+        for version in range(11, 15):
+            sync_weights(actor, rollout, meta_for(version), rank=0, barrier=lambda: None)
+            status, info = server.get("/get_model_info")
+            assert status == 200 and info["weight_version"] == str(version)
+            kept = sorted(p.name for p in (tmp_path / "weights").iterdir())
+            assert kept == sorted(["notes", *(f"v{v}" for v in range(max(11, version - 1), version + 1))]), kept
+    finally:
+        rollout.destroy()
+    with pytest.raises(ValueError, match="keep_versions=0"):
+        init_weight_update(actor, rollout, "disk", str(tmp_path), rank=0, keep_versions=0)
+
+
+def test_prune_weight_versions_keeps_the_window_below_the_current_version(tmp_path):
+    from arealite.utils.weight_sync import prune_weight_versions
+
+    for name in ("v1", "v2", "v3", "v4", "v5", "v6", "v10", "vx", "latest"):
+        (tmp_path / name).mkdir()
+    deleted = prune_weight_versions(str(tmp_path), keep=3, current=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "v3", "v4", "v5", "vx"]
+    assert sorted(os.path.basename(p) for p in deleted) == ["v1", "v10", "v2", "v6"]
+    assert prune_weight_versions(str(tmp_path / "missing"), keep=3, current=5) == []
