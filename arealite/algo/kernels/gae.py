@@ -146,8 +146,7 @@ def gae_packed_kernel(
     """Launch `_gae_kernel`; inputs already validated by `gae_packed_triton`."""
     dtype = torch.float64 if torch.float64 in (rewards.dtype, values.dtype) else torch.float32
     n, n_seqs = values.numel(), cu_seqlens.numel() - 1
-    adv = torch.empty(n, dtype=dtype, device=values.device)
-    ret = torch.empty(n, dtype=dtype, device=values.device)
+    adv, ret = torch.empty(2, n, dtype=dtype, device=values.device).unbind(0)  # one allocation: less host time
     if n == 0 or n_seqs == 0:
         return adv, ret
     mask = loss_mask.contiguous()
