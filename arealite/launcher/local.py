@@ -57,11 +57,11 @@ def check_gpu_placement(config: GRPOConfig, backend: str, gpus: list[str]) -> No
     so is `weight_update=distributed`: NCCL cannot put the server and trainer rank 0 of one
     broadcast group on the same GPU.
     """
-    if backend != "builtin" or not gpus or requested_train_device() == "cpu":
-        return  # SGLang: allocate_gpus counted the GPUs; no GPU or a CPU trainer: nothing to share
     try:
+        if backend != "builtin" or not gpus or requested_train_device() == "cpu":
+            return  # SGLang: allocate_gpus counted the GPUs; no GPU or a CPU trainer: nothing to share
         check_gpus_for_ranks(config.launcher.n_trainers, len(gpus))
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         raise ConfigError(str(e)) from None
     extra = config.server.extra_args
     server_on_cpu = "--device" in extra[:-1] and extra[extra.index("--device") + 1] == "cpu"
