@@ -15,6 +15,20 @@ from tests.tolerance import assert_close
 GAMMAS_LAMS = list(itertools.product([1.0, 0.99, 0.95], [1.0, 0.99, 0.95]))
 
 
+# Triton runs compiled on CUDA tensors where CUDA is present, else in the interpreter on the CPU
+# (tests/conftest.py sets TRITON_INTERPRET=1 only without CUDA).
+KERNEL_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def kernel(fn):
+    """`fn` with its tensor arguments moved to KERNEL_DEVICE."""
+
+    def call(*args, **kwargs):
+        return fn(*(a.to(KERNEL_DEVICE) if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+
+    return call
+
+
 # ----------------------------------------------------------------------------- naive loops
 
 
@@ -134,7 +148,7 @@ def test_gae_segment_ends_on_chunk_edges(path):
     rewards = torch.randn(int(cu[-1]), generator=g, dtype=torch.float64)
     values = torch.randn(int(cu[-1]), generator=g, dtype=torch.float64)
     mask = torch.ones_like(rewards, dtype=torch.long)
-    fn = adv.gae_packed_torch if path == "torch" else adv.gae_packed_triton
+    fn = adv.gae_packed_torch if path == "torch" else kernel(adv.gae_packed_triton)
     got_adv, got_ret = fn(rewards, values, mask, cu, 0.97, 0.9)
     want_adv, want_ret = naive_gae(rewards, values, mask, cu, 0.97, 0.9)
     assert_close(got_adv, want_adv, torch.float64, n=1000)
@@ -145,7 +159,7 @@ def test_gae_segment_ends_on_chunk_edges(path):
 def test_gae_empty_batch(path):
     if path == "triton" and not adv.triton_available():
         pytest.skip("triton is not installed")
-    fn = adv.gae_packed_torch if path == "torch" else adv.gae_packed_triton
+    fn = adv.gae_packed_torch if path == "torch" else kernel(adv.gae_packed_triton)
     empty = torch.zeros(0)
     for cu in (torch.tensor([0]), torch.tensor([0, 0, 0])):
         got_adv, got_ret = fn(empty, empty, empty, cu, 0.99, 0.95)
@@ -158,7 +172,7 @@ def test_gae_bfloat16_inputs_compute_in_float32(path):
         pytest.skip("triton is not installed")
     rewards, values, mask, cu = random_packed_batch(seed=9, n_seqs=3, max_len=200)
     rewards, values = rewards.bfloat16(), values.bfloat16()
-    fn = adv.gae_packed_torch if path == "torch" else adv.gae_packed_triton
+    fn = adv.gae_packed_torch if path == "torch" else kernel(adv.gae_packed_triton)
     got_adv, got_ret = fn(rewards, values, mask, cu, 0.99, 0.95)
     want_adv, want_ret = naive_gae(rewards.double(), values.double(), mask, cu, 0.99, 0.95)
     assert got_adv.dtype == torch.float32 and got_ret.dtype == torch.float32
@@ -176,7 +190,7 @@ def test_gae_masked_tokens_are_transparent():
     got, ret = adv.gae_packed_torch(r, v, m, cu, gamma=0.9, lam=0.8)
     keep = m.bool()
     got_compact, _ = adv.gae_packed_torch(r[keep], v[keep], m[keep], torch.tensor([0, 4]), 0.9, 0.8)
-    torch.testing.assert_close(got[keep], got_compact)
+    assert_close(got[keep], got_compact, torch.float32, n=4)
     assert got[~keep].abs().sum() == 0 and torch.equal(ret[~keep], v[~keep])
 
 
@@ -250,7 +264,7 @@ triton_only = pytest.mark.skipif(not adv.triton_available(), reason="triton is n
 def test_gae_triton_matches_naive_loop(gamma, lam):
     # rows=2, block=128: several tiles per sequence (carry across tiles) and a padding row.
     rewards, values, mask, cu = random_packed_batch(seed=int(gamma * 100 + lam * 10) + 1, n_seqs=5)
-    got_adv, got_ret = adv.gae_packed_triton(rewards, values, mask.bool(), cu, gamma, lam, rows=2, block=128)
+    got_adv, got_ret = kernel(adv.gae_packed_triton)(rewards, values, mask.bool(), cu, gamma, lam, rows=2, block=128)
     want_adv, want_ret = naive_gae(rewards, values, mask, cu, gamma, lam)
     assert got_adv.dtype == torch.float32
     assert_close(got_adv, want_adv, torch.float32, n=512)
@@ -269,7 +283,8 @@ def test_gae_triton_marks_malformed_cu_seqlens_with_nan_without_a_host_check(cu,
     g = torch.Generator().manual_seed(3)
     rewards, values = torch.randn(12, generator=g), torch.randn(12, generator=g)
     mask = torch.ones(12, dtype=torch.bool)
-    got_adv, got_ret = adv.gae_packed_triton(rewards, values, mask, torch.tensor(cu), 0.99, 0.95, check_cu_seqlens=False)
+    triton = kernel(adv.gae_packed_triton)
+    got_adv, got_ret = triton(rewards, values, mask, torch.tensor(cu), 0.99, 0.95, check_cu_seqlens=False)
     lo, hi = nan
     assert got_adv[lo:hi].isnan().all() and got_ret[lo:hi].isnan().all()
     if good is not None:  # the well-formed sequence is computed as usual
@@ -277,20 +292,20 @@ def test_gae_triton_marks_malformed_cu_seqlens_with_nan_without_a_host_check(cu,
         want_adv, _ = naive_gae(rewards[a:b], values[a:b], mask[a:b], torch.tensor([0, b - a]), 0.99, 0.95)
         assert_close(got_adv[a:b], want_adv, torch.float32, n=b - a)
     with pytest.raises(ValueError, match="cu_seqlens"):
-        adv.gae_packed_triton(rewards, values, mask, torch.tensor(cu), 0.99, 0.95, check_cu_seqlens=True)
+        triton(rewards, values, mask, torch.tensor(cu), 0.99, 0.95, check_cu_seqlens=True)
 
 
 @triton_only
 def test_gae_triton_rejects_odd_tiles():
     x = torch.zeros(4)
     with pytest.raises(ValueError, match="block=96 must be a power of two"):
-        adv.gae_packed_triton(x, x, x, torch.tensor([0, 4]), 1.0, 1.0, block=96)
+        kernel(adv.gae_packed_triton)(x, x, x, torch.tensor([0, 4]), 1.0, 1.0, block=96)
 
 
 @triton_only
 def test_gae_triton_float64_default_tile_with_empty_sequence():
     rewards, values, mask, cu = random_packed_batch(seed=11, n_seqs=6, max_len=300, dtype=torch.float64, empty=True)
-    got_adv, got_ret = adv.gae_packed_triton(rewards, values, mask.float(), cu.long(), 0.99, 0.95)
+    got_adv, got_ret = kernel(adv.gae_packed_triton)(rewards, values, mask.float(), cu.long(), 0.99, 0.95)
     want_adv, want_ret = naive_gae(rewards, values, mask, cu, 0.99, 0.95)
     assert_close(got_adv, want_adv, torch.float64, n=300)
     assert_close(got_ret, want_ret, torch.float64, n=300)
@@ -302,7 +317,7 @@ def test_gae_triton_float64_default_tile_with_empty_sequence():
 def test_group_normalize_triton_matches_naive_loop(mode, group_size):
     rewards = torch.randn(group_size * 9, generator=torch.Generator().manual_seed(group_size), dtype=torch.float64)
     rewards[:group_size] = 1.0
-    got = adv.group_normalize_triton(rewards, group_size, mode)
+    got = kernel(adv.group_normalize_triton)(rewards, group_size, mode)
     want = naive_group_normalize(rewards, group_size, mode, 1e-6)
     assert_close(got, want, torch.float64, n=group_size, scale=_group_norm_scale(rewards, group_size, mode))
 
@@ -313,9 +328,9 @@ def test_masked_whiten_triton_matches_naive_loop(shift_mean):
     g = torch.Generator().manual_seed(5)
     x = torch.randn(3, 5000, generator=g) * 3 + 100  # several tiles; a large mean tests stability
     mask = torch.rand(3, 5000, generator=g) < 0.6
-    got = adv.masked_whiten_triton(x, mask, shift_mean=shift_mean)
+    got = kernel(adv.masked_whiten_triton)(x, mask, shift_mean=shift_mean)
     assert_close(got, naive_whiten(x, mask, 1e-6, shift_mean), torch.float32, n=x.numel())
-    assert torch.equal(adv.masked_whiten_triton(x, torch.zeros_like(mask)), torch.zeros_like(x))
+    assert torch.equal(kernel(adv.masked_whiten_triton)(x, torch.zeros_like(mask)).cpu(), torch.zeros_like(x))
 
 
 @triton_only
@@ -323,6 +338,6 @@ def test_broadcast_to_tokens_triton_matches_torch():
     g = torch.Generator().manual_seed(6)
     mask = torch.rand(19, 700, generator=g) < 0.5  # several row and column tiles
     values = torch.randn(19, generator=g)
-    got = adv.broadcast_to_tokens_triton(values, mask)
+    got = kernel(adv.broadcast_to_tokens_triton)(values, mask)
     want = torch.tensor([[values[b].item() if mask[b, t] else 0.0 for t in range(700)] for b in range(19)])
-    assert torch.equal(got, want)
+    assert torch.equal(got.cpu(), want)
