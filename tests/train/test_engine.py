@@ -102,10 +102,10 @@ def test_lr_schedules(kind):
     if kind == "constant":
         assert all(x == 1.0 for x in f[1:])
     else:
-        assert f[2] == 1.0 and abs(f[10] - 0.1) < 1e-9 and abs(f[11] - 0.1) < 1e-9
+        assert f[2] == 1.0 and close(f[10], 0.1, torch.float64) and close(f[11], 0.1, torch.float64)
         assert all(a >= b for a, b in zip(f[1:], f[2:]))
     if kind == "cosine":
-        assert abs(f[6] - (0.1 + 0.9 * 0.5)) < 1e-9  # halfway through decay
+        assert close(f[6], 0.1 + 0.9 * 0.5, torch.float64)  # halfway through decay
 
 
 def test_checkpoint_resume_continues_identically(tiny_model_dir, tmp_path):
