@@ -344,6 +344,7 @@ class GRPOConfig:
     total_train_steps: int = 10
     tokenizer_path: str = ""  # defaults to actor.path
     weight_update: str = "disk"  # disk | distributed
+    weight_keep_versions: int = 3  # disk: weight versions kept under <run_dir>/weights (older ones are deleted)
     reward_fn: str = ""  # "module:function" of a custom reward; empty: chosen by train_dataset.type
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
@@ -360,6 +361,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         _check_choice("", "weight_update", self.weight_update, ("disk", "distributed"))
+        _check_positive("", "weight_keep_versions", self.weight_keep_versions)
         sampled, trained = self.gconfig.temperature, self.actor.temperature
         if sampled > 0 and abs(sampled - trained) > 1e-6:
             # the trainer's logprobs must be those of the distribution the server sampled from

@@ -51,6 +51,7 @@ class WeightUpdateMeta:
 
     type: str = "disk"  # disk | distributed
     path: str = ""  # disk: a shared folder the servers can read
+    keep_versions: int = 0  # disk: v<N> folders kept beside `path` once the servers confirm it (0: all)
     version: int = 0
     # distributed: the process group the servers join with the trainer's rank 0
     master_address: str = "127.0.0.1"

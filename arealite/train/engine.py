@@ -8,7 +8,9 @@ equals the one from the whole global batch at once (FSDP averages gradients over
 which the engine undoes by a factor of world size).
 
 Sharding: `fully_shard` on every decoder layer, then on the root. Mixed precision: bf16
-compute with fp32 master weights and fp32 gradient reduction on CUDA; fp32 on CPU.
+compute with fp32 master weights and fp32 gradient reduction on CUDA; fp32 on CPU
+(`config.dtype` pins either). Micro-batches move to the engine's device before the forward,
+so `loss_fn` and `post_hook` see every tensor on the device of the logits.
 Every rank runs the same number of micro-batches (FSDP's all-gathers must line up); a rank
 with fewer sequences than that runs zero-weight filler micro-batches.
 """
@@ -52,11 +54,11 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
 
 
-def _attn_implementation() -> str:
-    # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA;
-    # elsewhere our varlen sdpa pads per sequence (transformers' own sdpa path would build a
-    # dense N x N block-diagonal mask: quadratic in the micro-batch's total tokens).
-    if torch.cuda.is_available():
+def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
+    # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA
+    # (in bf16/fp16 only); elsewhere our varlen sdpa pads per sequence (transformers' own sdpa
+    # path would build a dense N x N block-diagonal mask: quadratic in the micro-batch's tokens).
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         try:
             import flash_attn  # noqa: F401
 
@@ -100,7 +102,7 @@ class FSDPEngine:
         config = self.config
         self.device = dist_utils.device()
         self.compute_dtype = self._compute_dtype(config.dtype)
-        model = self._build_model(config.path, _attn_implementation())
+        model = self._build_model(config.path, _attn_implementation(self.device, self.compute_dtype))
         self.hf_config = model.config
         if config.gradient_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
@@ -122,6 +124,11 @@ class FSDPEngine:
         if self._model is None:
             raise RuntimeError(f"{type(self).__name__} is not initialized; call .initialize() first")
         return self._model
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Whether any module recomputes activations in backward (any transformers 5.x)."""
+        return any(getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules())
 
     def set_version(self, version: int) -> None:
         """Record the weight version the servers now hold (called by the weight sync)."""
@@ -185,12 +192,16 @@ class FSDPEngine:
             out.append((filler, None))
         return out
 
+    def _to_device(self, mb: Batch) -> Batch:
+        """The packed micro-batch with every tensor on the engine's device."""
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
+
     def _forward_packed(self, mb: Batch) -> torch.Tensor:
         """Logits [N, V] of one packed micro-batch (attention confined per sequence)."""
+        longest = int((mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).max())  # the attention needs it as an int
         ids = mb["input_ids"].to(self.device)[None]
         pos = mb["position_ids"].to(self.device)[None]
         cu = mb["cu_seqlens"].to(self.device, torch.int32)
-        longest = int((cu[1:] - cu[:-1]).max())
         out = self.model(
             input_ids=ids, position_ids=pos, use_cache=False,
             cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
@@ -227,6 +238,7 @@ class FSDPEngine:
         acc = StatsAccumulator()
         for i, (mb, rows) in enumerate(mbs):
             self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # reduce-scatter once, at the end
+            mb = self._to_device(mb)
             loss, stats = loss_fn(self._forward_packed(mb), mb)
             scale = weights[i] / total * dist_utils.world_size() if total > 0 else 0.0
             (loss * scale).backward()
@@ -251,6 +263,7 @@ class FSDPEngine:
         B, T = batch["attention_mask"].shape
         result: torch.Tensor | None = None
         for mb, rows in self._micro_batches(batch):
+            mb = self._to_device(mb)
             logits = self._forward_packed(mb)
             y = logits if post_hook is None else post_hook(logits, mb)
             if rows is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import urllib.request
 from collections.abc import Callable
@@ -18,24 +19,27 @@ from collections.abc import Callable
 from arealite.types import WeightUpdateMeta
 
 
-def init_weight_update(actor, rollout, kind: str, run_dir: str, rank: int) -> Callable[[int], WeightUpdateMeta]:
+def init_weight_update(
+    actor, rollout, kind: str, run_dir: str, rank: int, keep_versions: int = 3
+) -> Callable[[int], WeightUpdateMeta]:
     """Set up the weight transport once (collective); returns `meta_for(version)`.
 
-    `kind="disk"`: HF safetensors under `<run_dir>/weights/v<N>`. `kind="distributed"`: every
+    `kind="disk"`: HF safetensors under `<run_dir>/weights/v<N>`, of which the newest
+    `keep_versions` stay on disk (`prune_weight_versions`). `kind="distributed"`: every
     server joins a process group with the trainer's rank 0 (which hosts it on MASTER_ADDR and
     a free port) and receives broadcasts; no files are written.
     """
     if kind == "disk":
-        return lambda version: disk_update_meta(run_dir, version)
+        if keep_versions < 1:
+            raise ValueError(f"keep_versions={keep_versions} must be >= 1: the servers load the newest version")
+        return lambda version: disk_update_meta(run_dir, version, keep_versions)
     if kind != "distributed":
         raise ValueError(f"weight_update={kind!r} is not supported; use 'disk' or 'distributed'")
-    import torch
-
     meta = WeightUpdateMeta(
         type="distributed",
         master_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
         master_port=_free_port() if rank == 0 else 0,
-        backend="nccl" if torch.cuda.is_available() else "gloo",
+        backend="nccl" if actor.device.type == "cuda" else "gloo",  # the trainer's device, not CUDA's presence
     )
     meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))
     if rank == 0:
@@ -51,9 +55,29 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def disk_update_meta(run_dir: str, version: int) -> WeightUpdateMeta:
+def disk_update_meta(run_dir: str, version: int, keep_versions: int = 0) -> WeightUpdateMeta:
     """Weights go through `<run_dir>/weights/v<version>` (a folder every server can read)."""
-    return WeightUpdateMeta(type="disk", path=os.path.abspath(os.path.join(run_dir, "weights", f"v{version}")), version=version)
+    path = os.path.abspath(os.path.join(run_dir, "weights", f"v{version}"))
+    return WeightUpdateMeta(type="disk", path=path, version=version, keep_versions=keep_versions)
+
+
+def prune_weight_versions(weights_dir: str, keep: int, current: int) -> list[str]:
+    """Delete the `v<N>` folders under `weights_dir` but versions current-keep+1 .. current.
+
+    Call it only once every server confirmed `current`: then no server is loading an older
+    folder (a server that rejoins is sent the newest), and folders above `current` are left
+    over from a crashed attempt that this run will write again. Returns the deleted paths.
+    """
+    deleted = []
+    for name in sorted(os.listdir(weights_dir)) if os.path.isdir(weights_dir) else []:
+        if not (name.startswith("v") and name[1:].isdigit()):
+            continue  # not ours
+        if current - keep < int(name[1:]) <= current:
+            continue
+        path = os.path.join(weights_dir, name)
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    return deleted
 
 
 def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> None:
@@ -80,6 +104,8 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
             future.result()
     if rank == 0:
         confirm_server_versions(rollout.pool.healthy, meta.version)  # a down server resyncs on rejoin
+        if meta.type == "disk" and meta.keep_versions > 0:
+            prune_weight_versions(os.path.dirname(meta.path), meta.keep_versions, meta.version)
     barrier()  # servers hold the new weights before anyone resumes
     rollout.set_version(meta.version)
     actor.set_version(meta.version)

@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from arealite.server.process import launch_server_process
+from tests.tolerance import assert_close
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -95,14 +96,18 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
     ids = [i for r in rec_rows for i in r["prompt_ids"]]
     assert len(ids) == len(set(ids)), "a prompt was trained twice"
     # the same rewards (same samples) and the same final weights
-    assert [r["reward"] for r in rec_rows] == pytest.approx([r["reward"] for r in ref_rows], abs=1e-6)
+    assert [r["reward"] for r in rec_rows] == [r["reward"] for r in ref_rows]
+    # disk weight sync keeps the newest 3 versions (weight_keep_versions), also across the relaunch
+    for run_dir in (tmp_path / "recover" / "uninterrupted", crashed_dir):
+        assert sorted(os.listdir(run_dir / "weights")) == [f"v{v}" for v in range(STEPS - 2, STEPS + 1)]
     ref_w, rec_w = _weights(tmp_path / "recover" / "uninterrupted" / "weights" / f"v{STEPS}"), _weights(crashed_dir / "weights" / f"v{STEPS}")
     assert ref_w.keys() == rec_w.keys()
     init = _weights(Path(tiny_model_dir))
     assert max((ref_w[k] - init[k]).abs().max().item() for k in init) > 1e-4, "training did not move the weights"
     diff = max((ref_w[k] - rec_w[k]).abs().max().item() for k in ref_w)
     print(f"max |weight difference| recovered vs uninterrupted: {diff}")
-    assert diff <= 1e-5, f"recovered run ends {diff} away from the uninterrupted one"
+    for k in ref_w:  # at most fp32 rounding per step (Adam's steps do not scale with the gradients)
+        assert_close(rec_w[k], ref_w[k], n=STEPS * 64, msg=f"recovered run ends {diff} away: {k}")
 
 
 def test_async_recovery_trains_every_handed_out_prompt_exactly_once(tmp_path, tiny_model_dir):
