@@ -9,13 +9,11 @@ module imports neither the rollout client nor the trainer.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import socket
-import urllib.request
 from collections.abc import Callable
 
 from arealite.types import WeightUpdateMeta
+from arealite.utils.distributed_sync import broadcast_weights, ensure_group
 
 
 def init_weight_update(actor, rollout, kind: str, run_dir: str, rank: int) -> Callable[[int], WeightUpdateMeta]:
@@ -23,7 +21,8 @@ def init_weight_update(actor, rollout, kind: str, run_dir: str, rank: int) -> Ca
 
     `kind="disk"`: HF safetensors under `<run_dir>/weights/v<N>`. `kind="distributed"`: every
     server joins a process group with the trainer's rank 0 (which hosts it on MASTER_ADDR and
-    a free port) and receives broadcasts; no files are written.
+    a free port) and receives broadcasts; no files are written. A server that dies in it is
+    excluded and the group rebuilt (arealite.utils.distributed_sync).
     """
     if kind == "disk":
         return lambda version: disk_update_meta(run_dir, version)
@@ -34,21 +33,13 @@ def init_weight_update(actor, rollout, kind: str, run_dir: str, rank: int) -> Ca
     meta = WeightUpdateMeta(
         type="distributed",
         master_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=_free_port() if rank == 0 else 0,
         backend="nccl" if torch.cuda.is_available() else "gloo",
+        timeout=rollout.config.weight_update_timeout,
     )
     meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))
     if rank == 0:
-        joined = rollout.init_weights_update_group(meta)  # servers block until rank 0 joins
-        actor.init_weight_update_group(meta, 1 + len(rollout.pool.addresses))
-        joined.result()
+        meta = ensure_group(actor, rollout, meta)  # the first group; rebuilt when servers die or come back
     return lambda version: dataclasses.replace(meta, version=version)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def disk_update_meta(run_dir: str, version: int) -> WeightUpdateMeta:
@@ -74,30 +65,22 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
         barrier()  # every rank has stopped submitting before weights move
         if not meta.buckets:
             meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))
-        future = rollout.update_weights(meta) if rank == 0 else None
-        actor.upload_weights(meta)  # rank 0 broadcasts while the servers receive
-        if future is not None:
-            future.result()
+        broadcast_weights(actor, rollout, meta, rank)  # a server that dies meanwhile is excluded
     if rank == 0:
-        confirm_server_versions(rollout.pool.healthy, meta.version)  # a down server resyncs on rejoin
+        confirm_server_versions(rollout, meta.version)  # a down server resyncs on rejoin
     barrier()  # servers hold the new weights before anyone resumes
     rollout.set_version(meta.version)
     actor.set_version(meta.version)
     rollout.resume()
 
 
-def confirm_server_versions(addresses: list[str], version: int, timeout: float = 30.0) -> dict[str, str]:
-    """Check that every server reports `weight_version == version` in /get_model_info.
+def confirm_server_versions(rollout, version: int) -> dict[str, str]:
+    """Check that every server in rotation reports `weight_version == version`.
 
     A server that accepted the upload but serves another version would silently poison the
-    next batch, so a mismatch raises. Prints one confirmation line (it lands in the trainer log).
+    next batch, so a mismatch raises; one that died meanwhile leaves the rotation. Waits at
+    most rollout.control_timeout per server. Prints one confirmation line (the trainer log).
     """
-    seen: dict[str, str] = {}
-    for address in addresses:
-        with urllib.request.urlopen(f"http://{address}/get_model_info", timeout=timeout) as r:
-            seen[address] = str(json.loads(r.read()).get("weight_version"))
-    wrong = {a: v for a, v in seen.items() if v != str(version)}
-    if wrong:
-        raise RuntimeError(f"after the weight sync to version {version}, servers report other versions: {wrong}")
+    seen = rollout.confirm_version(version)
     print(f"[weight-sync] version {version} confirmed by {', '.join(sorted(seen))}", flush=True)
     return seen

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -103,6 +104,24 @@ def test_weight_update_bodies_are_checked_before_any_receive(capped_server):
     assert status == 400 and "group_name must be a non-empty string" in raw.decode()
     status, raw, _ = send(capped_server, "/update_weights_from_disk", {"model_path": "gpt2"})  # never a hub download
     assert status == 400 and "is not a checkpoint directory" in raw.decode()
+
+
+def test_group_init_with_a_master_that_never_answers_is_bounded(capped_server):
+    """A port that accepts connections but never speaks: torch's store client would wait in
+    its handshake forever; the server answers 400 once the request's `timeout` has passed."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        body = {"master_address": "127.0.0.1", "master_port": silent.getsockname()[1], "rank_offset": 1,
+                "world_size": 2, "group_name": "silent", "backend": "gloo", "timeout": 2}  # fmt: skip
+        status, raw, seconds = send(capped_server, "/init_weights_update_group", body)
+    finally:
+        silent.close()
+    reply = json.loads(raw)
+    assert status == 400 and reply["success"] is False, reply
+    assert f"master 127.0.0.1:{body['master_port']}" in reply["message"] and "--dist-timeout" in reply["message"], reply
+    assert seconds < 2 + 5 + ANSWER_WITHIN_S / 3, f"took {seconds:.1f}s"  # the timeout, the server's grace, slack
 
 
 # ---- the fuzz test ----------------------------------------------------------------------------
