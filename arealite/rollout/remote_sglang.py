@@ -273,6 +273,7 @@ class RemoteSGLangEngine:
                 continue
             finally:
                 self.pool.release(address, remaining)
+            self.executor.watchdog.progress()
             resp.output_tokens += chunk.tokens
             resp.output_logprobs += chunk.logprobs
             resp.output_versions += protocol.token_versions(chunk, sent_version)
