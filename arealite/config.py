@@ -298,7 +298,8 @@ class RecoverConfig:
 
     mode: str = "auto"  # auto: resume when a checkpoint exists | disabled | resume: a checkpoint must exist
     freq_steps: int = 0  # save every this many steps (and after the last); 0: only after the last step
-    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted)
+    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted); >= 2 leaves one to fall back to if the newest is damaged
+    checksum: bool = True  # record each checkpoint file's SHA-256 and verify it before loading (one extra read at save and load); sizes are always checked
 
     def __post_init__(self) -> None:
         _check_choice("recover", "mode", self.mode, ("auto", "disabled", "resume"))
