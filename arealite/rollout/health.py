@@ -56,6 +56,20 @@ class HealthMonitor:
             return False
         return status == 200
 
+    async def alive(self, address: str) -> bool:
+        """True if `address` answers GET /get_model_info within health_check_timeout: the
+        liveness check while the servers are paused, when SGLang's /health (a generation)
+        blocks."""
+        config = self._engine.config
+        try:
+            status, _ = await request(
+                self._engine._session, "GET", address, "/get_model_info", None, config.health_check_timeout,
+                setting="rollout.health_check_timeout",
+            )
+        except TransientServerError:
+            return False
+        return status == 200
+
     async def context_length(self, address: str) -> int | None:
         """The server's context length, from /v1/models (max_model_len) or /get_server_info."""
         for path, read in (

@@ -223,7 +223,7 @@ class RemoteSGLangEngine:
         self._loop.run(self.weights.aleave_group())
 
     def exclude_dead(self, addresses: list[str]) -> list[str]:
-        """Take the servers of `addresses` that fail a health probe out of rotation; returns them."""
+        """Take the servers of `addresses` that are not alive (GET /get_model_info) out of rotation; returns them."""
         return self._loop.run(self.weights.aexclude_dead(addresses))
 
     def confirm_version(self, version: int) -> dict[str, str]:

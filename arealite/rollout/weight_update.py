@@ -79,7 +79,7 @@ class WeightUpdater:
         done = 0
         for address, result in zip(addresses, results):
             if isinstance(result, BaseException):
-                if isinstance(result.__cause__, TransientServerError) and not await self._engine.health.probe(address):
+                if isinstance(result.__cause__, TransientServerError) and not await self._engine.health.alive(address):
                     self._engine.health.take_out(address, f"it died during {path}; it gets the weights when back")
                     continue
                 raise result
@@ -217,15 +217,16 @@ class WeightUpdater:
 
     async def acandidates(self) -> list[str]:
         """The servers a new group should hold: those in rotation and those awaiting weights,
-        each answering a health probe now (in address order, so ranks are stable)."""
+        each alive now (in address order, so ranks are stable). Liveness, not /health: the
+        servers are paused during a sync, and SGLang's /health blocks while paused."""
         pool = self._engine.pool
         wanted = [a for a in pool.addresses if pool.is_healthy(a) or a in self.awaiting]
-        alive = await asyncio.gather(*(self._engine.health.probe(a) for a in wanted))
+        alive = await asyncio.gather(*(self._engine.health.alive(a) for a in wanted))
         return [a for a, ok in zip(wanted, alive) if ok]
 
     async def aexclude_dead(self, addresses: list[str]) -> list[str]:
-        """Probe `addresses`; take those that do not answer out of rotation. Returns them."""
-        alive = await asyncio.gather(*(self._engine.health.probe(a) for a in addresses))
+        """Check `addresses` are alive; take those that are not out of rotation. Returns them."""
+        alive = await asyncio.gather(*(self._engine.health.alive(a) for a in addresses))
         dead = [a for a, ok in zip(addresses, alive) if not ok]
         for address in dead:
             self.awaiting.discard(address)
@@ -245,7 +246,7 @@ class WeightUpdater:
                     engine._session, "GET", address, "/get_model_info", None, engine.config.control_timeout, setting="rollout.control_timeout"
                 )
             except TransientServerError as e:
-                if await engine.health.probe(address):
+                if await engine.health.alive(address):
                     raise WeightUpdateError(f"the version check failed: {e}", address) from e
                 engine.health.take_out(address, f"it died after the weight update to version {version}")
                 return None

@@ -12,9 +12,10 @@ rank 0 learns within milliseconds) or time out (a hung one, after
 3. builds a fresh group (new name, new port) of the rest and broadcasts every bucket again,
    so no survivor keeps a half-updated model.
 
-The group is kept across syncs while its membership holds, and rebuilt when it changes: a
-server that comes back after missing a broadcast waits out of rotation (`awaiting`) until
-the next sync builds a group with it and feeds it the weights, then rejoins.
+The group is kept across syncs while its membership holds, and rebuilt when it changes or a
+kept group fails: a server that comes back after missing a broadcast waits out of rotation
+(`awaiting`) until the next sync builds a group with it and feeds it the weights, then
+rejoins.
 
 Every trainer rank runs `broadcast_weights` (gathering full parameters is collective); only
 rank 0 talks to the servers, and it tells the others whether to go again. Duck-typed like
@@ -86,8 +87,13 @@ def ensure_group(actor, rollout, meta: WeightUpdateMeta) -> WeightUpdateMeta:
         logger.warning("weight-update group %s failed to form (%s); retrying without the dead servers", new.group_name, error)
 
 
-def _settle(actor, rollout, meta: WeightUpdateMeta, future, broadcast_error: Exception | None) -> tuple[int, str]:
-    """Rank 0, after one attempt: wait for the servers' calls, exclude the dead, decide."""
+def _settle(actor, rollout, meta: WeightUpdateMeta, future, broadcast_error: Exception | None, fresh: bool) -> tuple[int, str]:
+    """Rank 0, after one attempt: wait for the servers' calls, exclude the dead, decide.
+
+    `fresh`: the group was built for this attempt. A kept group can fail with every server
+    alive (a server restarted between syncs faster than the health probes noticed is not in
+    it); that is worth one more try with a new group, a fresh group failing so is not.
+    """
     members = rollout.current_weight_group()[1]
     dead = []
     if broadcast_error is not None:  # find the culprit at once: its pending call is then abandoned
@@ -107,9 +113,9 @@ def _settle(actor, rollout, meta: WeightUpdateMeta, future, broadcast_error: Exc
         logger.warning("servers %s died during the weight update (%s); continuing on the others", dead, errors)
     if broadcast_error is None and failed <= set(dead) and set(members) - set(dead):
         return _DONE, ""  # every live member received every bucket
-    if dead and set(members) - set(dead):
+    if (dead or not fresh) and set(members) - set(dead):
         return _RETRY, errors
-    reason = "no server survived it" if dead else "every server is alive, so retrying would fail again"
+    reason = "no server survived it" if dead else "every server is alive and a fresh group failed too"
     return _FAIL, f"the distributed weight update failed and {reason}: {errors}"
 
 
@@ -123,7 +129,9 @@ def broadcast_weights(actor, rollout, meta: WeightUpdateMeta, rank: int) -> None
         future, failure = None, None
         if rank == 0:
             try:
+                kept = rollout.current_weight_group()[0]
                 meta = ensure_group(actor, rollout, meta)
+                fresh = kept is None or kept.group_name != meta.group_name
                 future = rollout.update_weights(meta)
             except Exception as e:  # noqa: BLE001 - reported after the collective part
                 failure = e
@@ -137,7 +145,7 @@ def broadcast_weights(actor, rollout, meta: WeightUpdateMeta, rank: int) -> None
             if future is None:
                 status, message = _FAIL, str(failure)
             else:
-                status, message = _settle(actor, rollout, meta, future, failure)
+                status, message = _settle(actor, rollout, meta, future, failure, fresh)
         flag = dist_utils.all_reduce(torch.tensor([status]), "max")  # rank 0 decides for everyone
         status = int(flag.item())
         if status == _DONE:
