@@ -16,13 +16,16 @@ from arealite.types import WeightUpdateMeta
 from arealite.utils.distributed_sync import broadcast_weights, ensure_group
 
 
-def init_weight_update(actor, rollout, kind: str, run_dir: str, rank: int) -> Callable[[int], WeightUpdateMeta]:
+def init_weight_update(
+    actor, rollout, kind: str, run_dir: str, rank: int, backend: str | None = None
+) -> Callable[[int], WeightUpdateMeta]:
     """Set up the weight transport once (collective); returns `meta_for(version)`.
 
     `kind="disk"`: HF safetensors under `<run_dir>/weights/v<N>`. `kind="distributed"`: every
     server joins a process group with the trainer's rank 0 (which hosts it on MASTER_ADDR and
     a free port) and receives broadcasts; no files are written. A server that dies in it is
-    excluded and the group rebuilt (arealite.utils.distributed_sync).
+    excluded and the group rebuilt (arealite.utils.distributed_sync). `backend`: the group's,
+    default nccl on CUDA (one GPU per rank), else gloo.
     """
     if kind == "disk":
         return lambda version: disk_update_meta(run_dir, version)
@@ -33,7 +36,7 @@ def init_weight_update(actor, rollout, kind: str, run_dir: str, rank: int) -> Ca
     meta = WeightUpdateMeta(
         type="distributed",
         master_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-        backend="nccl" if torch.cuda.is_available() else "gloo",
+        backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"),
         timeout=rollout.config.weight_update_timeout,
     )
     meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))

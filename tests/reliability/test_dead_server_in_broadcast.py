@@ -12,6 +12,7 @@ connections (noticed at once); a frozen one is noticed when its update call time
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import signal
 import threading
@@ -74,9 +75,14 @@ def reference_logprobs(model: torch.nn.Module) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(PROMPT[1:])[:, None])[:, 0]
 
 
-def assert_serves(server, reference: torch.nn.Module, version: int) -> None:
+def assert_serves(server, reference: torch.nn.Module, version: int, wire_dtype: torch.dtype) -> None:
+    """The server holds `reference`'s weights as the trainer sent them (in `wire_dtype`)."""
     assert server.get("/get_model_info")[1]["weight_version"] == str(version)
-    got, want = input_logprobs(server), reference_logprobs(reference)
+    sent = copy.deepcopy(reference)
+    with torch.no_grad():
+        for p in sent.parameters():
+            p.copy_(p.to(wire_dtype).float())
+    got, want = input_logprobs(server), reference_logprobs(sent)
     # fp32 forwards of the same weights, summed in another order: a relative bound on the
     # largest |logprob| that grows with the reduction length (hidden size 64).
     tol = 16 * torch.finfo(torch.float32).eps * 64**0.5 * float(want.abs().max())
@@ -99,7 +105,8 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
     try:
         rollout.initialize()
         actor.initialize()
-        meta_for = init_weight_update(actor, rollout, "distributed", str(tmp_path), rank=0)
+        # gloo also on CUDA: NCCL needs a GPU per rank, and this test runs three on one machine
+        meta_for = init_weight_update(actor, rollout, "distributed", str(tmp_path), rank=0, backend="gloo")
 
         def sync(version: int) -> None:
             meta = meta_for(version)  # one tensor per bucket: many buckets to die between
@@ -110,7 +117,7 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
         scale(reference, 1.5)
         sync(1)
         for server in servers:
-            assert_serves(server, reference, 1)
+            assert_serves(server, reference, 1, actor.compute_dtype)
 
         # ---- the loss: between buckets 3 and 4 of version 2 ----
         scale(actor.model, 0.8)
@@ -128,7 +135,7 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
               f"(bound {bound:.0f}s: weight_update_timeout={update_timeout}s + 5 s + health_check_timeout={HEALTH_TIMEOUT_S}s)")  # fmt: skip
         assert detection < bound + 5.0  # + scheduling slack on a loaded machine
         assert rollout.pool.healthy == [survivor.address]
-        assert_serves(survivor, reference, 2)
+        assert_serves(survivor, reference, 2, actor.compute_dtype)
         request = ModelRequest(input_ids=PROMPT, gconfig=GenerationHyperparameters(max_new_tokens=4, temperature=0.0))
         response = asyncio.run(rollout.agenerate(request))  # rollouts continue on the survivor
         assert response.server == survivor.address and response.output_versions == [2] * response.output_len
@@ -149,8 +156,8 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
         scale(reference, 1.25)
         sync(3)  # membership changed: a new group with both servers
         assert rollout.pool.healthy == [survivor.address, victim.address]
-        assert_serves(survivor, reference, 3)
-        assert_serves(restarted, reference, 3)
+        assert_serves(survivor, reference, 3, actor.compute_dtype)
+        assert_serves(restarted, reference, 3, actor.compute_dtype)
     finally:
         rollout.destroy()
         actor.destroy()
