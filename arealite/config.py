@@ -89,6 +89,9 @@ class InferenceEngineConfig:
     pause_grace_period: float = 0.0  # seconds to sleep after pausing before a weight upload
     health_check_timeout: float = 5.0  # seconds one /health probe may take before the server counts as down
     consumer_batch_size: int | None = None  # trajectories per trained batch (the staleness unit); None: the dataloader's batch size
+    control_timeout: float = 60.0  # seconds one pause / continue / version-check call to a server may take
+    weight_update_timeout: float = 45.0  # distributed weight update: seconds the group may take to form, one broadcast may wait and one server's update call may take; a server past it is excluded (a killed one within a second)
+    stall_timeout: float = 600.0  # seconds rollout_batch / prepare_batch may go without progress before a diagnostic is logged; raised after twice that; 0 disables
     pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
 
     def __post_init__(self) -> None:
@@ -97,6 +100,9 @@ class InferenceEngineConfig:
         if self.max_concurrent_rollouts is not None:
             _check_positive("rollout", "max_concurrent_rollouts", self.max_concurrent_rollouts)
         _check_positive("rollout", "request_timeout", self.request_timeout)
+        for name in ("control_timeout", "weight_update_timeout", "setup_timeout", "health_check_timeout"):
+            _check_positive("rollout", name, getattr(self, name))
+        _check_positive("rollout", "stall_timeout", self.stall_timeout, allow_zero=True)
 
 
 @dataclass
@@ -292,7 +298,8 @@ class RecoverConfig:
 
     mode: str = "auto"  # auto: resume when a checkpoint exists | disabled | resume: a checkpoint must exist
     freq_steps: int = 0  # save every this many steps (and after the last); 0: only after the last step
-    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted)
+    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted); >= 2 leaves one to fall back to if the newest is damaged
+    checksum: bool = True  # record each checkpoint file's SHA-256 and verify it before loading (one extra read at save and load); sizes are always checked
 
     def __post_init__(self) -> None:
         _check_choice("recover", "mode", self.mode, ("auto", "disabled", "resume"))

@@ -181,7 +181,9 @@ class RemoteSGLangEngine:
 
         async def one(address: str) -> None:
             try:
-                status, reply = await request(self._session, "POST", address, path, body, self.config.request_timeout)
+                status, reply = await request(
+                    self._session, "POST", address, path, body, self.config.control_timeout, setting="rollout.control_timeout"
+                )
             except TransientServerError as e:
                 self.health.take_out(address, str(e))
                 return
@@ -201,9 +203,32 @@ class RemoteSGLangEngine:
         """
         return self._loop.submit(self.weights.aupdate(meta))
 
-    def init_weights_update_group(self, meta: WeightUpdateMeta) -> concurrent.futures.Future:
-        """Have server i join the trainer's process group as rank 1 + i (non-blocking)."""
-        return self._loop.submit(self.weights.ainit_group(meta))
+    def init_weights_update_group(self, meta: WeightUpdateMeta, members: list[str] | None = None) -> concurrent.futures.Future:
+        """Have server i of `members` (default: every server) join the trainer's process group
+        as rank 1 + i (non-blocking)."""
+        return self._loop.submit(self.weights.ainit_group(meta, members))
+
+    # The distributed weight sync's view of the servers (arealite.utils.distributed_sync); blocking.
+
+    def current_weight_group(self) -> tuple[WeightUpdateMeta | None, list[str]]:
+        """The weight-update group the servers last joined (None if none) and its members."""
+        return self.weights.group, list(self.weights.members)
+
+    def weight_group_candidates(self) -> list[str]:
+        """Servers a new weight-update group should hold: in rotation or awaiting weights, alive now."""
+        return self._loop.run(self.weights.acandidates())
+
+    def leave_weights_update_group(self) -> None:
+        """Forget the current weight-update group and have its members destroy it (best effort)."""
+        self._loop.run(self.weights.aleave_group())
+
+    def exclude_dead(self, addresses: list[str]) -> list[str]:
+        """Take the servers of `addresses` that are not alive (GET /get_model_info) out of rotation; returns them."""
+        return self._loop.run(self.weights.aexclude_dead(addresses))
+
+    def confirm_version(self, version: int) -> dict[str, str]:
+        """{server: weight_version} of the servers in rotation; raises if one reports another version."""
+        return self._loop.run(self.weights.aconfirm(version))
 
     # ---- generation -----------------------------------------------------------------------
 
@@ -248,6 +273,7 @@ class RemoteSGLangEngine:
                 continue
             finally:
                 self.pool.release(address, remaining)
+            self.executor.watchdog.progress()
             resp.output_tokens += chunk.tokens
             resp.output_logprobs += chunk.logprobs
             resp.output_versions += protocol.token_versions(chunk, sent_version)
@@ -286,7 +312,7 @@ class RemoteSGLangEngine:
     ) -> protocol.GenerateChunk:
         body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced)
         status, reply = await request(
-            self._session, "POST", address, "/generate", body, self.config.request_timeout, req.rid
+            self._session, "POST", address, "/generate", body, self.config.request_timeout, req.rid, "rollout.request_timeout"
         )
         if status != 200:
             raise GenerationError(f"/generate returned {status}: {protocol.error_message(reply)}", address, req.rid)

@@ -17,7 +17,7 @@ import uuid
 from aiohttp import web
 
 from arealite.server import control, generate, weights
-from arealite.server.errors import json_response
+from arealite.server.errors import json_response, status_response
 from arealite.server.request import Req
 from arealite.server.sampling import SamplingParams
 from arealite.server.state import ServerState
@@ -44,6 +44,11 @@ async def not_found_middleware(request: web.Request, handler):
         return json_response({"detail": "Not Found"}, status=404)
     except web.HTTPMethodNotAllowed:
         return json_response({"detail": "Method Not Allowed"}, status=405)
+    except web.HTTPRequestEntityTooLarge:  # raised by request.read() past client_max_size
+        limit = request.app["state"].limits.max_request_bytes
+        size = f"{request.content_length} bytes" if request.content_length is not None else "a body"
+        message = f"Request body too large: {size} over the server's limit of {limit} bytes (--max-request-bytes)."
+        return status_response(413, message)
 
 
 async def internal_generate(state: ServerState, input_ids: list[int], max_new_tokens: int, timeout: float) -> Req | None:
@@ -131,8 +136,10 @@ async def handle_v1_models(request: web.Request) -> web.Response:
 
 
 def make_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[not_found_middleware, api_key_middleware], client_max_size=1 << 28)
+    limits = state.limits
+    app = web.Application(middlewares=[not_found_middleware, api_key_middleware], client_max_size=limits.max_request_bytes)
     app["state"] = state
+    app["limits"] = limits
     app["weight_groups"] = {}
     r = app.router
     r.add_route("POST", "/generate", generate.handle_generate)

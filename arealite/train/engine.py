@@ -140,10 +140,7 @@ class FSDPEngine:
     def destroy(self) -> None:
         """Drop the model, optimizer and weight-update groups (the default group stays up)."""
         for name in list(self.weight_update_groups):
-            from arealite.utils.process_group import release_store
-
-            del self.weight_update_groups[name]
-            release_store(name)
+            self.destroy_weight_update_group(name)
         self._model = self.optimizer = self.scheduler = None
 
     # ---- setup ----
@@ -320,8 +317,16 @@ class FSDPEngine:
 
         backend = backend or getattr(meta, "backend", None) or ("nccl" if self.device.type == "cuda" else "gloo")
         self.weight_update_groups[meta.group_name] = init_custom_process_group(
-            backend, meta.master_address, meta.master_port, 0, world_size, meta.group_name
+            backend, meta.master_address, meta.master_port, 0, world_size, meta.group_name, meta.timeout
         )
+
+    def destroy_weight_update_group(self, group_name: str) -> None:
+        """Drop a weight-update group (rank 0). Its connections close with it, so servers still
+        waiting on it fail at once instead of at their timeout."""
+        from arealite.utils.process_group import release_store
+
+        self.weight_update_groups.pop(group_name, None)
+        release_store(group_name)
 
     def upload_weights(self, meta: WeightUpdateMeta, on_bucket: Callable[[int, list], None] | None = None) -> None:
         """Push the current weights out; collective over trainer ranks.
@@ -330,16 +335,25 @@ class FSDPEngine:
         distributed: every rank gathers full parameters; rank 0 broadcasts them over the
         group `meta.group_name`, in the order of `meta.buckets` when set (what the client
         sends), else of `weight_buckets(meta)`. `on_bucket(i, bucket)` runs on rank 0 just
-        before bucket i is broadcast.
+        before bucket i is broadcast. If a broadcast fails (a server died or timed out), the
+        group is dropped and rank 0 raises WeightBroadcastError once every rank is done.
         """
         if meta.type == "disk":
             if not meta.path:
                 raise ValueError("WeightUpdateMeta.path is empty; disk weight updates need a shared folder")
             self.save(meta.path)
         elif meta.type == "distributed":
-            group = self.weight_update_groups.get(meta.group_name)
+            from arealite.utils.process_group import WeightBroadcastError
+
             buckets = getattr(meta, "buckets", None) or self.weight_buckets(meta)
-            W.broadcast_buckets(self.model, buckets, group, on_bucket)
+            # The group is passed without keeping a reference here, so that on a failure
+            # dropping it really closes it (see broadcast_buckets).
+            failure = W.broadcast_buckets(
+                self.model, buckets, self.weight_update_groups.get(meta.group_name), on_bucket,
+                on_failure=lambda: self.destroy_weight_update_group(meta.group_name),
+            )  # fmt: skip
             dist_utils.barrier()
+            if failure is not None:  # rank 0 only, after every rank finished its gathers
+                raise WeightBroadcastError(failure)
         else:
             raise ValueError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk' or 'distributed'")

@@ -9,25 +9,25 @@ module imports neither the rollout client nor the trainer.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
-import socket
-import urllib.request
 from collections.abc import Callable
 
 from arealite.types import WeightUpdateMeta
+from arealite.utils.distributed_sync import broadcast_weights, ensure_group
 
 
 def init_weight_update(
-    actor, rollout, kind: str, run_dir: str, rank: int, keep_versions: int = 3
+    actor, rollout, kind: str, run_dir: str, rank: int, keep_versions: int = 3, backend: str | None = None
 ) -> Callable[[int], WeightUpdateMeta]:
     """Set up the weight transport once (collective); returns `meta_for(version)`.
 
     `kind="disk"`: HF safetensors under `<run_dir>/weights/v<N>`, of which the newest
     `keep_versions` stay on disk (`prune_weight_versions`). `kind="distributed"`: every
     server joins a process group with the trainer's rank 0 (which hosts it on MASTER_ADDR and
-    a free port) and receives broadcasts; no files are written.
+    a free port) and receives broadcasts; no files are written. A server that dies in it is
+    excluded and the group rebuilt (arealite.utils.distributed_sync). `backend`: the group's,
+    default nccl on CUDA (one GPU per rank), else gloo.
     """
     if kind == "disk":
         if keep_versions < 1:
@@ -38,21 +38,13 @@ def init_weight_update(
     meta = WeightUpdateMeta(
         type="distributed",
         master_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=_free_port() if rank == 0 else 0,
-        backend="nccl" if actor.device.type == "cuda" else "gloo",  # the trainer's device, not CUDA's presence
+        backend=backend or ("nccl" if actor.device.type == "cuda" else "gloo"),  # the trainer's device, not CUDA's presence
+        timeout=rollout.config.weight_update_timeout,
     )
     meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))
     if rank == 0:
-        joined = rollout.init_weights_update_group(meta)  # servers block until rank 0 joins
-        actor.init_weight_update_group(meta, 1 + len(rollout.pool.addresses))
-        joined.result()
+        meta = ensure_group(actor, rollout, meta)  # the first group; rebuilt when servers die or come back
     return lambda version: dataclasses.replace(meta, version=version)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def disk_update_meta(run_dir: str, version: int, keep_versions: int = 0) -> WeightUpdateMeta:
@@ -98,12 +90,9 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
         barrier()  # every rank has stopped submitting before weights move
         if not meta.buckets:
             meta = dataclasses.replace(meta, buckets=actor.weight_buckets(meta))
-        future = rollout.update_weights(meta) if rank == 0 else None
-        actor.upload_weights(meta)  # rank 0 broadcasts while the servers receive
-        if future is not None:
-            future.result()
+        broadcast_weights(actor, rollout, meta, rank)  # a server that dies meanwhile is excluded
     if rank == 0:
-        confirm_server_versions(rollout.pool.healthy, meta.version)  # a down server resyncs on rejoin
+        confirm_server_versions(rollout, meta.version)  # a down server resyncs on rejoin
         if meta.type == "disk" and meta.keep_versions > 0:
             prune_weight_versions(os.path.dirname(meta.path), meta.keep_versions, meta.version)
     barrier()  # servers hold the new weights before anyone resumes
@@ -112,18 +101,13 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
     rollout.resume()
 
 
-def confirm_server_versions(addresses: list[str], version: int, timeout: float = 30.0) -> dict[str, str]:
-    """Check that every server reports `weight_version == version` in /get_model_info.
+def confirm_server_versions(rollout, version: int) -> dict[str, str]:
+    """Check that every server in rotation reports `weight_version == version`.
 
     A server that accepted the upload but serves another version would silently poison the
-    next batch, so a mismatch raises. Prints one confirmation line (it lands in the trainer log).
+    next batch, so a mismatch raises; one that died meanwhile leaves the rotation. Waits at
+    most rollout.control_timeout per server. Prints one confirmation line (the trainer log).
     """
-    seen: dict[str, str] = {}
-    for address in addresses:
-        with urllib.request.urlopen(f"http://{address}/get_model_info", timeout=timeout) as r:
-            seen[address] = str(json.loads(r.read()).get("weight_version"))
-    wrong = {a: v for a, v in seen.items() if v != str(version)}
-    if wrong:
-        raise RuntimeError(f"after the weight sync to version {version}, servers report other versions: {wrong}")
+    seen = rollout.confirm_version(version)
     print(f"[weight-sync] version {version} confirmed by {', '.join(sorted(seen))}", flush=True)
     return seen
