@@ -150,7 +150,17 @@ class SideProcess:
             [sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             env=full_env, preexec_fn=lambda: os.sched_setaffinity(0, cpus),
         )  # fmt: skip
-        self.ready = self._read()  # the worker says what it set up (resources, ...)
+        self._ready: dict | None = None
+
+    @property
+    def ready(self) -> dict:
+        """What the worker reported once set up (`{"resources": [...]}`); waits for it.
+
+        Starting several sides first and reading `ready` afterwards lets them set up in parallel.
+        """
+        if self._ready is None:
+            self._ready = self._read()
+        return self._ready
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -161,6 +171,7 @@ class SideProcess:
 
     def run(self, **request: Any) -> dict:
         """One timed run; returns the worker's result."""
+        self.ready  # noqa: B018  (the set-up line comes first)
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return self._read()
