@@ -18,11 +18,12 @@ arithmetic prompts x `--group-size` samples, in order, from the same initial wei
   same batches. The figure is taken against the FASTEST of them (median wall time).
 
 Resources, the same for every configuration: one process tree pinned to `--cpus` (default
-all of ours): the trainer process and a built-in server process with 1 torch thread each
+all of ours), the very same processes for every configuration (each run builds a fresh
+trainer and rollout client in them): the trainer process and a built-in server process
+with 1 torch thread each
 (with `--split`, the default, the server runs on the first of those CPUs and the trainer
 with its 2 reward worker processes on the others, so generation and training overlap
-instead of sharing a core), disk weight sync every step. Each configuration's processes
-are started once; every run starts from the initial weights with an empty pipeline, and
+instead of sharing a core), disk weight sync every step. Every run starts from the initial weights with an empty pipeline, and
 the clock runs from the first step to the end of the last weight sync (an asynchronous
 run pays for filling its pipeline). Configurations alternate in order over `--repeats`
 paired repeats.
@@ -109,35 +110,28 @@ def main() -> None:
     print(f"async_speedup: {args.steps * args.batch_size} prompts x {args.group_size} samples per run, max_new_tokens="
           f"{args.max_new_tokens}, {args.repeats} paired repeats; every configuration on CPUs {cpus}, 1 torch thread in the "
           f"server + 1 in the trainer" + (f", server on CPU {cpus[0]}, trainer on {cpus[1:]}" if args.split else ""))  # fmt: skip
-    common = dict(group_size=args.group_size, max_new_tokens=args.max_new_tokens, seed=args.seed, lr=args.lr,
-                  server_threads=1, trainer_threads=1, pause_mode="in_place", **split)  # fmt: skip
     configs = {f"sync x{m}": dict(k=0, batch_size=m * args.batch_size, steps=args.steps // m) for m in mults}
     configs[f"async k={k}"] = dict(k=k, batch_size=args.batch_size, steps=args.steps)
     with tempfile.TemporaryDirectory(prefix="async_speedup_") as tmp:
         from arealite.tools.tiny_model import build_tiny_model
 
         model = args.model_path or build_tiny_model(os.path.join(tmp, "model"), seed=0)
-        sides: dict[str, harness.SideProcess] = {}
-        try:
-            for name, c in configs.items():
-                workdir = os.path.join(tmp, name.replace(" ", "_").replace("=", ""))
-                os.makedirs(workdir)
-                s = dict(common, k=c["k"], batch_size=c["batch_size"], model=model, workdir=workdir)
-                argv = [os.path.abspath(__file__), "--worker", json.dumps(s)]
-                sides[name] = harness.SideProcess(name, argv, set(cpus), workdir + ".log", {"OMP_NUM_THREADS": "1"})
-            for side in sides.values():  # they set up in parallel
-                side.ready  # noqa: B018
-            runs: dict[str, list[dict]] = {name: [] for name in sides}
+        settings = dict(
+            model=model, workdir=tmp, group_size=args.group_size, max_new_tokens=args.max_new_tokens, seed=args.seed,
+            lr=args.lr, server_threads=1, trainer_threads=1, pause_mode="in_place",
+            max_in_flight=max((c["k"] + 1) * c["batch_size"] for c in configs.values()), **split,
+        )  # fmt: skip
+        argv = [os.path.abspath(__file__), "--worker", json.dumps(settings)]
+        # one server and one trainer process serve every configuration: the very same resources
+        with harness.SideProcess("arealite", argv, set(cpus), os.path.join(tmp, "worker.log"), {"OMP_NUM_THREADS": "1"}) as worker:
+            runs: dict[str, list[dict]] = {name: [] for name in configs}
             for i in range(args.repeats):
-                for name in harness.order(i, list(sides)):
-                    runs[name].append(sides[name].run(steps=configs[name]["steps"]))
+                for name in harness.order(i, list(configs)):
+                    runs[name].append(worker.run(**configs[name]))
                     print(f"repeat {i}: {name:<10} {runs[name][-1]['wall']:7.2f} s  ({harness.load_line()})", flush=True)
-        finally:
-            for side in sides.values():
-                side.close()
     for name, r in runs.items():
         report(name, r)
-    print(f"\nresources of async k={k} (process tree after its first run):")
+    print(f"\nresources of every configuration (process tree after the first async k={k} run):")
     for line in runs[f"async k={k}"][0]["resources"]:
         print(f"  {line}")
     if 1 in mults:

@@ -4,10 +4,11 @@ GRPO runs on request.
 
 Set up once per worker (before any clock): the server process (a child, so it inherits the
 worker's CPU affinity; optionally moved to its own CPUs), the tokenizer, the workflow and
-its reward worker processes (started and warmed up). Each run then starts from the same
-state: the server is reset to the initial weights (version 0), a fresh trainer loads the
-initial weights, a fresh rollout client starts with an empty pipeline, and the dataloader
-starts at the same first prompt. The clock covers every step, the first included (an
+its reward worker processes (started and warmed up). Each run names its own staleness
+bound k and batch size, so one worker serves every configuration of a benchmark on the
+very same processes. Each run starts from the same state: the server is reset to the
+initial weights (version 0), a fresh trainer loads the initial weights, a fresh rollout
+client starts with an empty pipeline, and the dataloader starts at the same first prompt. The clock covers every step, the first included (an
 asynchronous run pays for filling its pipeline). After a run, anything still generating
 (prefetched batches of an asynchronous run) is aborted and the server is idle before the
 worker answers, so no work spills into another side's run.
@@ -58,31 +59,46 @@ def staleness_histogram(batch: dict, step: int) -> Counter:
 
 
 def setup(s: dict) -> dict:
-    """Start the server, tokenizer, workflow and warm reward workers for settings `s` (see `side_settings`)."""
-    import torch
-    from transformers import AutoTokenizer
+    """Start the server, tokenizer, workflow and warm reward workers.
 
-    from arealite.config import GenerationHyperparameters
-    from arealite.data.arithmetic import arithmetic_reward_fn
-    from arealite.distributed import init_distributed
-    from arealite.reward.pool import RewardPool
+    `s`: model, workdir, group_size, max_new_tokens, seed, lr, server_threads,
+    trainer_threads, max_in_flight (prompts any run may have in flight), and optionally
+    server_cpus / trainer_cpus, max_tokens_per_mb, actor (extra PPOActorConfig fields).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
     from arealite.server.process import launch_server_process
-    from arealite.workflow import RLVRWorkflow
 
-    torch.set_num_threads(s["trainer_threads"])
-    init_distributed()
-    mine = os.sched_getaffinity(0)
-    in_flight = (s["k"] + 1) * s["batch_size"] * s["group_size"]
-    extra = ["--torch-threads", str(s["server_threads"]), "--random-seed", str(s["seed"]), "--max-running-requests", str(2 * in_flight)]
-    if s.get("server_cpus"):
-        os.sched_setaffinity(0, set(s["server_cpus"]))  # the server inherits it
+    requests = s["max_in_flight"] * s["group_size"]
+    extra = ["--torch-threads", str(s["server_threads"]), "--random-seed", str(s["seed"]), "--max-running-requests", str(requests)]
+    env = {"OMP_NUM_THREADS": str(s["server_threads"])}
     log = os.path.join(s["workdir"], "server.log")
-    server = launch_server_process(s["model"], extra_args=extra, env={"OMP_NUM_THREADS": str(s["server_threads"])}, log_path=log)
-    os.sched_setaffinity(0, set(s.get("trainer_cpus") or mine))
-    pool = RewardPool(max_workers=2)
-    pool.score(arithmetic_reward_fn, "", "0", answer="0")  # start the reward workers before any clock
-    gconfig = GenerationHyperparameters(group_size=s["group_size"], max_new_tokens=s["max_new_tokens"], temperature=1.0)
-    workflow = RLVRWorkflow(arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(s["model"]), reward_pool=pool)
+
+    def start_server():
+        if s.get("server_cpus"):
+            os.sched_setaffinity(0, set(s["server_cpus"]))  # this thread only; the server process inherits it
+        return launch_server_process(s["model"], extra_args=extra, env=env, log_path=log)
+
+    with ThreadPoolExecutor(1) as starter:
+        server = starter.submit(start_server)  # the server starts while this process imports torch
+        if s.get("trainer_cpus"):
+            os.sched_setaffinity(0, set(s["trainer_cpus"]))  # the main thread; threads it starts inherit it
+        import torch
+        from transformers import AutoTokenizer
+
+        from arealite.config import GenerationHyperparameters
+        from arealite.data.arithmetic import arithmetic_reward_fn
+        from arealite.distributed import init_distributed
+        from arealite.reward.pool import RewardPool
+        from arealite.workflow import RLVRWorkflow
+
+        torch.set_num_threads(s["trainer_threads"])
+        init_distributed()
+        pool = RewardPool(max_workers=2)
+        pool.score(arithmetic_reward_fn, "", "0", answer="0")  # start the reward workers before any clock
+        gconfig = GenerationHyperparameters(group_size=s["group_size"], max_new_tokens=s["max_new_tokens"], temperature=1.0)
+        workflow = RLVRWorkflow(arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(s["model"]), reward_pool=pool)
+        server = server.result()
     return {"s": s, "server": server, "pool": pool, "workflow": workflow}
 
 
@@ -100,7 +116,8 @@ def _server_idle(server: Any, timeout: float = 60.0) -> None:
 
 
 def run(state: dict, req: dict) -> dict:
-    """`req["steps"]` timed GRPO steps from the initial weights; returns per-step figures."""
+    """`req["steps"]` timed GRPO steps of `req["batch_size"]` prompts at staleness bound
+    `req["k"]`, from the initial weights; returns per-step figures."""
     from arealite.config import InferenceEngineConfig, MicroBatchSpec, OptimizerConfig, PPOActorConfig
     from arealite.data.arithmetic import make_arithmetic_dataset
     from arealite.data.loader import create_dataloader
@@ -110,12 +127,12 @@ def run(state: dict, req: dict) -> dict:
     from arealite.types import WeightUpdateMeta
 
     s, server, workflow = state["s"], state["server"], state["workflow"]
-    steps = req["steps"]
-    records = make_arithmetic_dataset(s["batch_size"] * (steps + s["k"] + 2), seed=s["seed"])
-    loader = create_dataloader(records, s["batch_size"], shuffle=False, seed=s["seed"])
-    config = InferenceEngineConfig(
-        max_head_offpolicyness=s["k"], max_concurrent_rollouts=(s["k"] + 1) * s["batch_size"], pause_mode=s["pause_mode"]
-    )
+    steps, k, batch_size = req["steps"], req["k"], req["batch_size"]
+    if (k + 1) * batch_size > s["max_in_flight"]:
+        raise ValueError(f"k={k} x batch {batch_size} exceeds the server's max_in_flight={s['max_in_flight']} prompts")
+    records = make_arithmetic_dataset(batch_size * (steps + k + 2), seed=s["seed"])
+    loader = create_dataloader(records, batch_size, shuffle=False, seed=s["seed"])
+    config = InferenceEngineConfig(max_head_offpolicyness=k, max_concurrent_rollouts=(k + 1) * batch_size, pause_mode=s["pause_mode"])
     rollout = RemoteSGLangEngine(config, [server.address])
     rollout.initialize()
     rollout.update_weights(WeightUpdateMeta(type="disk", path=s["model"], version=0)).result()  # the initial weights
@@ -123,7 +140,7 @@ def run(state: dict, req: dict) -> dict:
         PPOActorConfig(
             path=s["model"], group_size=s["group_size"], optimizer=OptimizerConfig(lr=s["lr"], gradient_clipping=1.0),
             mb_spec=MicroBatchSpec(max_tokens_per_mb=s.get("max_tokens_per_mb")),
-            use_decoupled_loss=s["k"] > 0,  # stale samples: the decoupled loss, as configs/gsm8k_grpo.yaml
+            use_decoupled_loss=k > 0,  # stale samples: the decoupled loss, as configs/gsm8k_grpo.yaml
             **s.get("actor", {}),
         )
     ).initialize()  # fmt: skip

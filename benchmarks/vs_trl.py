@@ -27,7 +27,8 @@ with the same budget of torch compute threads = the number of those CPUs:
   like TRL) and asynchronously at k=`--offpolicyness` (decoupled loss, pause_mode in_place).
 The resources line printed for each side is read from the live process tree.
 
-Timing: each side's process is started once (imports, model files, server, reward workers);
+Timing: each side's processes are started once (imports, model files, server, reward
+workers; arealite's k=0 and k=offpolicyness runs share one server and one trainer process);
 each run loads a fresh model from the initial weights, then the clock runs from the start
 of the first step to the end of the last (the first step's warm-up and an asynchronous
 run's pipeline fill are paid). The sides run one after another, alternating order, for
@@ -41,6 +42,7 @@ thread count).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -80,7 +82,7 @@ def trl_run(state: dict, req: dict) -> dict:
     from arealite.data.arithmetic import make_arithmetic_dataset
 
     s, steps = state["s"], req["steps"]
-    records = make_arithmetic_dataset(s["batch_size"] * (steps + s["k"] + 2), seed=s["seed"])
+    records = make_arithmetic_dataset(s["batch_size"] * (steps + 2), seed=s["seed"])
     data = Dataset.from_list([{"prompt": r["messages"], "answer": r["answer"]} for r in records])
     times, rewards, lengths, clock = [], [], [], {}
 
@@ -167,10 +169,8 @@ def main() -> None:
     if args.worker:
         worker(json.loads(args.worker))
         return
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        raise SystemExit("TRL is not installed; install the benchmark extra: pip install -e '.[bench]'") from None
+    if importlib.util.find_spec("trl") is None:  # not imported here: that takes seconds, the TRL worker does it
+        raise SystemExit("TRL is not installed; install the benchmark extra: pip install -e '.[bench]'")
     if args.offpolicyness < 1:
         raise SystemExit(f"--offpolicyness {args.offpolicyness}: the headline is asynchronous (k >= 1); k=0 always runs")
     if args.smoke:
@@ -195,29 +195,31 @@ def main() -> None:
         from arealite.tools.tiny_model import build_tiny_model
 
         model = args.model_path or build_tiny_model(os.path.join(tmp, "model"), seed=0)
-        settings = {f"trl t={t}": dict(side="trl", threads=t, k=0, **common) for t in trl_threads}
-        for k in ks:
-            settings[f"arealite k={k}"] = dict(
-                side="arealite", k=k, server_threads=half, trainer_threads=half, pause_mode="in_place", lr=LR, **common
-            )
-        sides = {}
+        settings = {f"trl t={t}": dict(side="trl", threads=t, **common) for t in trl_threads}
+        # one arealite worker (server + trainer processes) serves both k
+        settings["arealite"] = dict(side="arealite", server_threads=half, trainer_threads=half, pause_mode="in_place", lr=LR,
+                                    max_in_flight=(max(ks) + 1) * args.batch_size, **common)  # fmt: skip
+        requests = {f"trl t={t}": ("trl t=" + str(t), {}) for t in trl_threads}
+        requests |= {f"arealite k={k}": ("arealite", dict(k=k, batch_size=args.batch_size)) for k in ks}
+        workers: dict[str, harness.SideProcess] = {}
         try:
             for name, s in settings.items():
                 s.update(model=model, workdir=os.path.join(tmp, name.replace(" ", "_").replace("=", "")))
                 os.makedirs(s["workdir"])
                 argv = [os.path.abspath(__file__), "--worker", json.dumps(s)]
                 env = {"OMP_NUM_THREADS": str(s.get("threads", half))}
-                sides[name] = harness.SideProcess(name, argv, cpus, s["workdir"] + ".log", env)
-            for side in sides.values():  # they set up in parallel
-                side.ready  # noqa: B018
-            runs: dict[str, list[dict]] = {name: [] for name in sides}
+                workers[name] = harness.SideProcess(name, argv, cpus, s["workdir"] + ".log", env)
+            for w in workers.values():  # they set up in parallel
+                w.ready  # noqa: B018
+            runs: dict[str, list[dict]] = {name: [] for name in requests}
             for i in range(args.repeats):
-                for name in harness.order(i, list(sides)):
-                    runs[name].append(sides[name].run(steps=args.steps))
+                for name in harness.order(i, list(requests)):
+                    worker_name, extra = requests[name]
+                    runs[name].append(workers[worker_name].run(steps=args.steps, **extra))
                     print(f"repeat {i}: {name:<12} {runs[name][-1]['wall']:7.2f} s  ({harness.load_line()})", flush=True)
         finally:
-            for side in sides.values():
-                side.close()
+            for w in workers.values():
+                w.close()
     samples = args.batch_size * args.group_size
     for name, r in runs.items():
         report(name, r, samples)
