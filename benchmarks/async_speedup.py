@@ -28,9 +28,9 @@ the clock runs from the first step to the end of the last weight sync (an asynch
 run pays for filling its pipeline). Configurations alternate in order over `--repeats`
 paired repeats.
 
-Prints every run, per-step phases and the ideal overlap bound of the sync x1 run
-`(rollout + train + sync) / max(rollout, train + sync)` (what overlap alone could give;
-a fuller server batch can add to it), histograms of trained tokens by staleness, the
+Prints every run, per-step phases, the ideal overlap bound of each sync configuration
+`(rollout + train + sync) / max(rollout, train + sync)` per batch (what perfect overlap of
+its phases could give: against the best sync, the ceiling of the figure), histograms of trained tokens by staleness, the
 spread of the paired ratios, and last `async<k>_vs_best_sync=<median over repeats of best
 sync wall / async wall>`.
 """
@@ -134,16 +134,17 @@ def main() -> None:
     print(f"\nresources of every configuration (process tree after the first async k={k} run):")
     for line in runs[f"async k={k}"][0]["resources"]:
         print(f"  {line}")
-    if 1 in mults:
-        phases = [ph for r in runs["sync x1"] for ph in r["phases"]]
-        rollout, train, sync = (statistics.mean(ph[i] for ph in phases) for i in range(3))
-        print(f"sync x1 step: rollout {rollout:.3f} s + train {train:.3f} s + weight sync {sync:.3f} s; "
-              f"ideal_overlap_bound={(rollout + train + sync) / max(rollout, train + sync):.2f}")  # fmt: skip
     walls = {name: [r["wall"] for r in rs] for name, rs in runs.items()}
-    for name, w in walls.items():
-        print(f"{name:<10} wall s: {harness.spread(w)}")
     sync_names = [n for n in walls if n.startswith("sync")]
     best = min(sync_names, key=lambda n: harness.quartiles(walls[n])[2])
+    for name in sync_names:  # what perfect overlap of this configuration's phases could give
+        m = configs[name]["batch_size"] // args.batch_size
+        phases = [ph for r in runs[name] for ph in r["phases"]]
+        rollout, train, sync = (statistics.mean(ph[i] for ph in phases) / m for i in range(3))
+        print(f"{name} per {args.batch_size}-prompt batch: rollout {rollout:.3f} s + train {train:.3f} s + weight sync "
+              f"{sync:.3f} s; ideal overlap bound {(rollout + train + sync) / max(rollout, train + sync):.2f}")  # fmt: skip
+    for name, w in walls.items():
+        print(f"{name:<10} wall s: {harness.spread(w)}")
     asyn = walls[f"async k={k}"]
     for name in sync_names:
         print(f"{name} / async k={k} (paired): {harness.spread([s / a for s, a in zip(walls[name], asyn)])}")

@@ -17,10 +17,11 @@ Resources: every side runs in its own process tree, pinned (sched_setaffinity be
 starts, inherited by every thread and child) to the same `--cpus` (default: all of ours),
 with the same budget of torch compute threads = the number of those CPUs:
 - TRL: one process (`GRPOTrainer` on CPU, no vLLM: generation is `model.generate` inside
-  the trainer), run once per `--trl-threads` count within the budget (default: 1 and the
-  whole budget); the figures are taken against the FASTEST (lowest median wall time). On
-  this tiny model one thread wins: OpenMP threads of a small matmul mostly wait on each
-  other, and on a busy machine they spin (2 threads measured 2-15x slower than 1);
+  the trainer) with its fastest thread count within the budget: a calibration run of 2
+  steps per `--trl-threads` count (default: 1 and the whole budget) picks it before the
+  timed repeats. On this tiny model one thread wins: OpenMP threads of a small matmul
+  mostly wait on each other, and on a busy machine they spin (2 threads measured 2-15x
+  slower than 1);
 - arealite: a built-in server process (generation over HTTP) and the trainer process of
   examples/gsm8k_grpo.py (packed sequences, disk weight sync every step), each with half
   the threads, plus 2 reward worker processes; run twice: synchronously at k=0 (on-policy,
@@ -35,8 +36,7 @@ run's pipeline fill are paid). The sides run one after another, alternating orde
 `--repeats` paired repeats; each repeat gives one ratio per arealite setting. Prints every
 run, CPU seconds, completion lengths and rewards per side, the spread of the ratios, then
 `arealite_sync_vs_trl_equal_cores=<median TRL / arealite k=0>` and last
-`arealite_vs_trl_equal_cores=<median TRL / arealite k=offpolicyness>` (TRL: its fastest
-thread count).
+`arealite_vs_trl_equal_cores=<median TRL / arealite k=offpolicyness>`.
 """
 
 from __future__ import annotations
@@ -211,6 +211,15 @@ def main() -> None:
                 workers[name] = harness.SideProcess(name, argv, cpus, s["workdir"] + ".log", env)
             for w in workers.values():  # they set up in parallel
                 w.ready  # noqa: B018
+            if len(trl_threads) > 1:  # calibration: keep TRL's fastest thread count only
+                trials = {f"trl t={t}": workers[f"trl t={t}"].run(steps=min(2, args.steps))["wall"] for t in trl_threads}
+                best = min(trials, key=trials.get)
+                print("TRL calibration, wall s of 2 steps: " + ", ".join(f"{n}: {w:.2f}" for n, w in trials.items())
+                      + f"; timed: {best}", flush=True)  # fmt: skip
+                for name in trials:
+                    if name != best:
+                        workers.pop(name).close()
+                        del requests[name]
             runs: dict[str, list[dict]] = {name: [] for name in requests}
             for i in range(args.repeats):
                 for name in harness.order(i, list(requests)):
@@ -227,8 +236,11 @@ def main() -> None:
     walls = {name: [r["wall"] for r in rs] for name, rs in runs.items()}
     for name, w in walls.items():
         print(f"{name:<12} wall s for {args.steps} steps: {harness.spread(w)}")
-    trl = min((n for n in walls if n.startswith("trl")), key=lambda n: harness.quartiles(walls[n])[2])
-    print(f"fastest TRL (lowest median): {trl}")
+    # CPU seconds of every process of a side: the work it does, whatever the machine's load;
+    # wall time can beat a one-process side by at most (its CPU / ours) x the cores we overlap on
+    for name, rs in runs.items():
+        print(f"{name:<12} CPU s for {args.steps} steps (all its processes): {harness.spread([r['cpu'] for r in rs])}")
+    trl = next(n for n in walls if n.startswith("trl"))
     ratios = {k: [t / a for t, a in zip(walls[trl], walls[f"arealite k={k}"])] for k in ks}
     for k in ks:
         print(f"{trl} / arealite k={k} (paired): {harness.spread(ratios[k])}")
