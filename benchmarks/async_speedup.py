@@ -17,7 +17,7 @@ arithmetic prompts x `--group-size` samples, in order, from the same initial wei
   in flight as the async run has at most, so the server batches as much; M = 1 trains the
   same batches. The figure is taken against the FASTEST of them (median wall time).
 
-Resources, the same for every configuration: one process tree pinned to `--cpus` (default
+Resources, the same for every configuration (CPU only: CUDA devices are hidden): one process tree pinned to `--cpus` (default
 all of ours), the very same processes for every configuration (each run builds a fresh
 trainer and rollout client in them): the trainer process and a built-in server process
 with 1 torch thread each
@@ -123,7 +123,8 @@ def main() -> None:
         )  # fmt: skip
         argv = [os.path.abspath(__file__), "--worker", json.dumps(settings)]
         # one server and one trainer process serve every configuration: the very same resources
-        with harness.SideProcess("arealite", argv, set(cpus), os.path.join(tmp, "worker.log"), {"OMP_NUM_THREADS": "1"}) as worker:
+        env = {"OMP_NUM_THREADS": "1", **harness.CPU_ONLY}
+        with harness.SideProcess("arealite", argv, set(cpus), os.path.join(tmp, "worker.log"), env) as worker:
             runs: dict[str, list[dict]] = {name: [] for name in configs}
             for i in range(args.repeats):
                 for name in harness.order(i, list(configs)):

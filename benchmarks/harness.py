@@ -24,6 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The CPU benchmarks compare sides on the same CPU cores; on a GPU machine one side would
+# otherwise pick the GPU up (the built-in server and the trainer use CUDA when they see it).
+CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 
 
 # ---- figures ---------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ Equal conditions for 3.: both sides run on the same kind of event loop thread wi
 same kind of session (`arealite.rollout.loop.EventLoopThread`,
 `arealite.rollout.transport.make_session`), created once and warmed with a full-size run
 (every connection open), reused for every run; the server has its own CPU (the first of
-ours, 1 torch thread) and the client the others. The tiny model is the worst case for the
+ours, 1 torch thread, CPU only) and the client the others. The tiny model is the worst case for the
 ratio: its generation costs ~50 us per token, a real model's far more, while the client's
 cost per token stays the same.
 """
@@ -292,7 +292,7 @@ def main() -> None:
             model = build_tiny_model(os.path.join(tmp, "tiny"), seed=0)
         os.sched_setaffinity(0, server_cpus)
         server = launch_server_process(model, extra_args=["--max-running-requests", str(args.in_flight), "--torch-threads", "1"],
-                                       log_path=os.path.join(tmp, "server.log"))  # fmt: skip
+                                       env=harness.CPU_ONLY, log_path=os.path.join(tmp, "server.log"))  # fmt: skip
         os.sched_setaffinity(0, client_cpus)
         with server:
             m = server_overhead(server.address, server.proc.pid, args.in_flight, args.pairs, args.max_new_tokens)

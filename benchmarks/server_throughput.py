@@ -6,7 +6,8 @@
 The workload is `--requests` requests of mixed lengths (prompts of 16-128 random tokens,
 each with its own budget of 16-256 new tokens; EOS also ends a request), the same on every
 side, sampled the same way: temperature 1.0, no top-k/top-p, no penalties. Three sides,
-each on the same `--engine-cpus` with the same `--threads` torch threads, alternating
+each on the same `--engine-cpus` with the same `--threads` torch threads (CPU only: CUDA
+devices are hidden), alternating
 within each of `--repeats` paired repeats (every side reloads nothing between repeats):
 
 - server: `python -m arealite.server` (continuous batching) driven by `--concurrency`
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
           f"budgets {min(b for _, b in work)}-{max(b for _, b in work)} new tokens (sum {sum(b for _, b in work)}), "
           f"temperature 1.0, EOS stops; concurrency {args.concurrency}; {args.repeats} paired repeats")  # fmt: skip
     argv = [os.path.abspath(__file__), "--worker", "--model", model, "--threads", str(args.threads)]
-    env = {"OMP_NUM_THREADS": str(args.threads)}
+    env = {"OMP_NUM_THREADS": str(args.threads), **harness.CPU_ONLY}
     server_args = ["--torch-threads", str(args.threads), "--max-running-requests", str(max(args.concurrency, 1)), "--random-seed", "0"]
     with affinity(engine_cpus):  # the worker and the server inherit it, every thread included
         hf = harness.SideProcess("generate", argv, engine_cpus, os.path.join(tmp, "generate.log"), env)

@@ -13,9 +13,10 @@ at lr 1e-3 constant, gradient clipping 1.0, clip range 0.2, group-normalised adv
 token-mean loss over the batch, no KL term, one optimizer step per batch, the same reward
 function.
 
-Resources: every side runs in its own process tree, pinned (sched_setaffinity before it
-starts, inherited by every thread and child) to the same `--cpus` (default: all of ours),
-with the same budget of torch compute threads = the number of those CPUs:
+Resources (CPU only: CUDA devices are hidden from every side): every side runs in its own
+process tree, pinned (sched_setaffinity before it starts, inherited by every thread and
+child) to the same `--cpus` (default: all of ours), with the same budget of torch compute
+threads = the number of those CPUs:
 - TRL: one process (`GRPOTrainer` on CPU, no vLLM: generation is `model.generate` inside
   the trainer) with its fastest thread count within the budget: a calibration run of 2
   steps per `--trl-threads` count (default: 1 and the whole budget) picks it before the
@@ -207,7 +208,7 @@ def main() -> None:
                 s.update(model=model, workdir=os.path.join(tmp, name.replace(" ", "_").replace("=", "")))
                 os.makedirs(s["workdir"])
                 argv = [os.path.abspath(__file__), "--worker", json.dumps(s)]
-                env = {"OMP_NUM_THREADS": str(s.get("threads", half))}
+                env = {"OMP_NUM_THREADS": str(s.get("threads", half)), **harness.CPU_ONLY}
                 workers[name] = harness.SideProcess(name, argv, cpus, s["workdir"] + ".log", env)
             for w in workers.values():  # they set up in parallel
                 w.ready  # noqa: B018
