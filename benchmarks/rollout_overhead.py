@@ -24,10 +24,11 @@ than the few percent to resolve. CPU seconds are steadier. So:
     overhead_pct = median over pairs of
         (client CPU s, orchestrated - client CPU s, raw) / server CPU s of the raw run x 100,
 the client work the orchestration adds per unit of generation work. With the client on its
-own core (as a trainer is) and a busy single-threaded server, the wall time can grow by at
-most this much: it would, exactly, if none of that work overlapped generation. The paired
-wall-time overhead and both sides' server CPU (equal work: the orchestration does not make
-the server work more) are printed next to it. Target: <= 5 with an IQR narrower than 5.
+own core (as a trainer is) and a busy single-threaded server, the wall time can grow by
+this much through the client's own work at most: it would, exactly, if none of that work
+overlapped generation. What it does not see is a change in the server's work (requests
+arriving more spread out, batched worse): both sides' server CPU seconds and decode steps
+are printed next to it for that, and the paired wall-time overhead too. Target: <= 5 with an IQR narrower than 5.
 
 Equal conditions for 3.: both sides run on the same kind of event loop thread with the
 same kind of session (`arealite.rollout.loop.EventLoopThread`,
@@ -219,20 +220,26 @@ def server_overhead(address: str, server_pid: int, in_flight: int, pairs: int, m
 
         await asyncio.gather(*(one(b) for b in bodies))
 
-    def timed(fn) -> tuple[float, float, float]:
-        server, cpu, start = harness.tree_cpu_seconds(server_pid), time.process_time(), time.perf_counter()
+    def decode_steps() -> int:
+        with urllib.request.urlopen(f"http://{address}/get_server_info", timeout=30) as r:
+            return int(json.loads(r.read())["internal_states"][0]["decode_steps"])
+
+    def timed(fn) -> tuple[float, float, float, int]:
+        steps, server = decode_steps(), harness.tree_cpu_seconds(server_pid)
+        cpu, start = time.process_time(), time.perf_counter()
         fn()
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-        return wall, cpu, harness.tree_cpu_seconds(server_pid) - server
+        return wall, cpu, harness.tree_cpu_seconds(server_pid) - server, decode_steps() - steps
 
     sides = {"raw": lambda: raw_loop.run(raw_all()), "orchestrated": lambda: engine.rollout_batch(data, workflow)}
-    out: dict[str, list[float]] = {f"{n}{x}": [] for n in sides for x in ("", "_cpu", "_server_cpu")}
+    keys = ("", "_cpu", "_server_cpu", "_steps")
+    out: dict[str, list[float]] = {f"{n}{x}": [] for n in sides for x in keys}
     try:
         for fn in sides.values():  # warm up: every connection of both sessions open, allocators warm
             fn()
         for i in range(pairs):
             for name in harness.order(i, list(sides)):
-                for x, value in zip(("", "_cpu", "_server_cpu"), timed(sides[name])):
+                for x, value in zip(keys, timed(sides[name])):
                     out[f"{name}{x}"].append(value)
     finally:
         raw_loop.run(session.close())
@@ -303,6 +310,7 @@ def main() -> None:
         print(f"  {name:<12} wall s: {harness.spread(m[name], '.3f')}")
         print(f"  {name:<12} client CPU s: {harness.spread(m[name + '_cpu'], '.3f')}")
         print(f"  {name:<12} server CPU s: {harness.spread(m[name + '_server_cpu'], '.3f')}")
+        print(f"  {name:<12} server decode steps: {harness.spread(m[name + '_steps'], '.0f')}")
     print(f"  wall-time overhead, % (paired; for reference, noisy on a shared machine): {harness.spread(pct, '.2f')}")
     print(f"  extra client CPU / server CPU, % (paired; the figure): {harness.spread(cpu_pct, '.2f')}")
     print(harness.load_line())
