@@ -70,7 +70,7 @@ def report(name: str, runs: list[dict]) -> None:
           f"regenerated as too stale, {c.get('rollout/interruptions', 0)} requests interrupted by weight syncs")  # fmt: skip
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=24, help="async steps per run; divisible by every --sync-batches value")
     p.add_argument("--repeats", type=int, default=5, help="paired repeats (every configuration once each, alternating order)")
@@ -86,7 +86,11 @@ def main() -> None:
     p.add_argument("--model-path", default=None, help="HF model folder (default: a tiny Qwen2 built on the spot)")
     p.add_argument("--smoke", action="store_true", help="a few seconds: 2 prompts x 2, 8 tokens, 2 steps, 1 repeat")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
         s = json.loads(args.worker)
         harness.serve_runs(lambda: grpo_step.setup(s), grpo_step.run, grpo_step.teardown)
@@ -104,7 +108,6 @@ def main() -> None:
     cpus = sorted(harness.cpu_set(args.cpus))
     if args.split and len(cpus) < 2:
         raise SystemExit("--split needs 2 CPUs; pass --no-split")
-    split = dict(server_cpus=cpus[:1], trainer_cpus=cpus[1:]) if args.split else {}
     print(harness.machine_line())
     print(harness.commit_line())
     print(f"async_speedup: {args.steps * args.batch_size} prompts x {args.group_size} samples per run, max_new_tokens="
@@ -112,6 +115,13 @@ def main() -> None:
           f"server + 1 in the trainer" + (f", server on CPU {cpus[0]}, trainer on {cpus[1:]}" if args.split else ""))  # fmt: skip
     configs = {f"sync x{m}": dict(k=0, batch_size=m * args.batch_size, steps=args.steps // m) for m in mults}
     configs[f"async k={k}"] = dict(k=k, batch_size=args.batch_size, steps=args.steps)
+    runs = run_configs(args, cpus, configs)
+    summarize(args, runs, configs)
+
+
+def run_configs(args: argparse.Namespace, cpus: list[int], configs: dict[str, dict]) -> dict[str, list[dict]]:
+    """Every configuration `args.repeats` times, alternating, on ONE server and trainer process pair."""
+    split = dict(server_cpus=cpus[:1], trainer_cpus=cpus[1:]) if args.split else {}
     with tempfile.TemporaryDirectory(prefix="async_speedup_") as tmp:
         from arealite.tools.tiny_model import build_tiny_model
 
@@ -122,14 +132,13 @@ def main() -> None:
             max_in_flight=max((c["k"] + 1) * c["batch_size"] for c in configs.values()), **split,
         )  # fmt: skip
         argv = [os.path.abspath(__file__), "--worker", json.dumps(settings)]
-        # one server and one trainer process serve every configuration: the very same resources
         env = {"OMP_NUM_THREADS": "1", **harness.CPU_ONLY}
         with harness.SideProcess("arealite", argv, set(cpus), os.path.join(tmp, "worker.log"), env) as worker:
-            runs: dict[str, list[dict]] = {name: [] for name in configs}
-            for i in range(args.repeats):
-                for name in harness.order(i, list(configs)):
-                    runs[name].append(worker.run(**configs[name]))
-                    print(f"repeat {i}: {name:<10} {runs[name][-1]['wall']:7.2f} s  ({harness.load_line()})", flush=True)
+            return harness.run_paired({name: (worker, c) for name, c in configs.items()}, args.repeats)
+
+
+def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], configs: dict[str, dict]) -> None:
+    k = args.offpolicyness
     for name, r in runs.items():
         report(name, r)
     print(f"\nresources of every configuration (process tree after the first async k={k} run):")
@@ -152,7 +161,6 @@ def main() -> None:
     print(f"best sync configuration (lowest median wall time): {best}")
     print(harness.load_line())
     print(f"async{k}_vs_best_sync={harness.quartiles([s / a for s, a in zip(walls[best], asyn)])[2]:.2f}")
-
 
 if __name__ == "__main__":
     main()

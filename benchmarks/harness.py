@@ -201,6 +201,18 @@ class SideProcess:
         self.close()
 
 
+def run_paired(plan: dict[str, tuple[SideProcess, dict]], repeats: int) -> dict[str, list[dict]]:
+    """`repeats` rounds of one run per entry of `plan` (name -> (side, request)), in
+    alternating order; prints each run's wall time (the result's "wall") with the load."""
+    runs: dict[str, list[dict]] = {name: [] for name in plan}
+    for i in range(repeats):
+        for name in order(i, list(plan)):
+            side, request = plan[name]
+            runs[name].append(side.run(**request))
+            print(f"repeat {i}: {name:<12} {runs[name][-1]['wall']:7.2f} s  ({load_line()})", flush=True)
+    return runs
+
+
 def serve_runs(setup: Callable[[], Any], run: Callable[[Any, dict], dict], teardown: Callable[[Any], None] | None = None) -> None:
     """Worker side of `SideProcess`: `state = setup()`, then `run(state, request)` per stdin line.
 

@@ -271,6 +271,13 @@ def main() -> None:
     print(harness.commit_line())
     print(f"resources: stub / built-in server on CPU {sorted(server_cpus)} (1 torch thread), client (this process: "
           f"its event loop threads) on CPUs {sorted(client_cpus)}")  # fmt: skip
+    stub_measurements(args, server_cpus, client_cpus)
+    m = real_server_measurement(args, server_cpus, client_cpus)
+    report(args, m)
+
+
+def stub_measurements(args: argparse.Namespace, server_cpus: set[int], client_cpus: set[int]) -> None:
+    """1 and 2 of the module docstring: the stub server, so only the client's cost shows."""
     os.sched_setaffinity(0, server_cpus)  # the servers started below inherit it
     stub, address = start_stub(0.0)
     os.sched_setaffinity(0, client_cpus)
@@ -289,6 +296,9 @@ def main() -> None:
         stop(stub)
     print(f"stub server (holds each request {STUB_HOLD_S:.0f} s): peak_in_flight={peak}")
 
+
+def real_server_measurement(args: argparse.Namespace, server_cpus: set[int], client_cpus: set[int]) -> dict[str, list[float]]:
+    """3 of the module docstring: raw vs orchestrated against a built-in server on its own CPU."""
     from arealite.server.process import launch_server_process
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -302,7 +312,10 @@ def main() -> None:
                                        env=harness.CPU_ONLY, log_path=os.path.join(tmp, "server.log"))  # fmt: skip
         os.sched_setaffinity(0, client_cpus)
         with server:
-            m = server_overhead(server.address, server.proc.pid, args.in_flight, args.pairs, args.max_new_tokens)
+            return server_overhead(server.address, server.proc.pid, args.in_flight, args.pairs, args.max_new_tokens)
+
+
+def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
     pct = [(o / r - 1) * 100 for r, o in zip(m["raw"], m["orchestrated"])]
     cpu_pct = [(o - r) / s * 100 for r, o, s in zip(m["raw_cpu"], m["orchestrated_cpu"], m["raw_server_cpu"])]
     print(f"built-in server, {args.in_flight} requests in flight, {args.max_new_tokens} new tokens, {args.pairs} pairs:")

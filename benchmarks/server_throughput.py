@@ -205,6 +205,10 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
                 print(f"{i:6d}  {name:<10} {seconds:8.2f} {tokens:7d} {tokens / seconds:7.0f}")
         loop.run_until_complete(session.close())
         loop.close()
+    report(args, rates)
+
+
+def report(args: argparse.Namespace, rates: dict[str, list[float]]) -> None:
     vs_batched = [s / b for s, b in zip(rates["server"], rates["batched"])]
     vs_seq = [s / q for s, q in zip(rates["server"], rates["sequential"])]
     for name, r in rates.items():

@@ -152,7 +152,7 @@ def report(name: str, runs: list[dict], samples: int) -> None:
         print(f"{name}:   {line}")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=8, help="timed steps per run (the first included)")
     p.add_argument("--repeats", type=int, default=5, help="paired repeats (every side once each, alternating order)")
@@ -166,7 +166,11 @@ def main() -> None:
     p.add_argument("--model-path", default=None, help="HF model folder (default: a tiny Qwen2 built on the spot)")
     p.add_argument("--smoke", action="store_true", help="seconds: 2 prompts x 2 samples, 8 tokens, 2 steps, 1 repeat, no k=0 run")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.worker:
         worker(json.loads(args.worker))
         return
@@ -178,61 +182,70 @@ def main() -> None:
         args.steps, args.repeats, args.batch_size, args.group_size, args.max_new_tokens = 2, 1, 2, 2, 8
     cpus = harness.cpu_set(args.cpus)
     budget = len(cpus)
-    half = max(1, budget // 2)
-    trl_threads = sorted(set(args.trl_threads or [1, budget]))
+    trl_threads = [1] if args.smoke else sorted(set(args.trl_threads or [1, budget]))
     if max(trl_threads) > budget or min(trl_threads) < 1:
         raise SystemExit(f"--trl-threads {trl_threads}: each must be in [1, {budget}] (the CPUs of a side)")
-    if args.smoke:
-        trl_threads = [1]
+    ks = [args.offpolicyness] if args.smoke else [0, args.offpolicyness]
     print(harness.machine_line())
     print(harness.commit_line())
     print(f"vs_trl: {args.steps} timed steps per run (the first included), {args.batch_size} prompts x {args.group_size} "
           f"samples, max_new_tokens={args.max_new_tokens}, {args.repeats} paired repeats; every side pinned to CPUs "
           f"{sorted(cpus)} with at most {budget} torch threads in all (TRL: {' or '.join(map(str, trl_threads))} in its one "
-          f"process; arealite: {half} in the server + {half} in the trainer)")  # fmt: skip
-    common = dict(batch_size=args.batch_size, group_size=args.group_size, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    ks = [args.offpolicyness] if args.smoke else [0, args.offpolicyness]
+          f"process; arealite: {max(1, budget // 2)} in the server + {max(1, budget // 2)} in the trainer)")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         from arealite.tools.tiny_model import build_tiny_model
 
         model = args.model_path or build_tiny_model(os.path.join(tmp, "model"), seed=0)
-        settings = {f"trl t={t}": dict(side="trl", threads=t, **common) for t in trl_threads}
-        # one arealite worker (server + trainer processes) serves both k
-        settings["arealite"] = dict(side="arealite", server_threads=half, trainer_threads=half, pause_mode="in_place", lr=LR,
-                                    max_in_flight=(max(ks) + 1) * args.batch_size, **common)  # fmt: skip
-        requests = {f"trl t={t}": ("trl t=" + str(t), {}) for t in trl_threads}
-        requests |= {f"arealite k={k}": ("arealite", dict(k=k, batch_size=args.batch_size)) for k in ks}
-        workers: dict[str, harness.SideProcess] = {}
+        workers = start_workers(args, model, tmp, cpus, trl_threads, ks)
         try:
-            for name, s in settings.items():
-                s.update(model=model, workdir=os.path.join(tmp, name.replace(" ", "_").replace("=", "")))
-                os.makedirs(s["workdir"])
-                argv = [os.path.abspath(__file__), "--worker", json.dumps(s)]
-                env = {"OMP_NUM_THREADS": str(s.get("threads", half)), **harness.CPU_ONLY}
-                workers[name] = harness.SideProcess(name, argv, cpus, s["workdir"] + ".log", env)
             for w in workers.values():  # they set up in parallel
                 w.ready  # noqa: B018
-            if len(trl_threads) > 1:  # calibration: keep TRL's fastest thread count only
-                trials = {f"trl t={t}": workers[f"trl t={t}"].run(steps=min(2, args.steps))["wall"] for t in trl_threads}
-                best = min(trials, key=trials.get)
-                print("TRL calibration, wall s of 2 steps: " + ", ".join(f"{n}: {w:.2f}" for n, w in trials.items())
-                      + f"; timed: {best}", flush=True)  # fmt: skip
-                for name in trials:
-                    if name != best:
-                        workers.pop(name).close()
-                        del requests[name]
-            runs: dict[str, list[dict]] = {name: [] for name in requests}
-            for i in range(args.repeats):
-                for name in harness.order(i, list(requests)):
-                    worker_name, extra = requests[name]
-                    runs[name].append(workers[worker_name].run(steps=args.steps, **extra))
-                    print(f"repeat {i}: {name:<12} {runs[name][-1]['wall']:7.2f} s  ({harness.load_line()})", flush=True)
+            trl = calibrate_trl(workers, trl_threads, min(2, args.steps))
+            plan = {trl: (workers[trl], dict(steps=args.steps))}
+            plan |= {f"arealite k={k}": (workers["arealite"], dict(steps=args.steps, k=k, batch_size=args.batch_size)) for k in ks}
+            runs = harness.run_paired(plan, args.repeats)
         finally:
             for w in workers.values():
                 w.close()
-    samples = args.batch_size * args.group_size
+    summarize(args, runs, trl, ks)
+
+
+def start_workers(args: argparse.Namespace, model: str, tmp: str, cpus: set[int], trl_threads: list[int], ks: list[int]):
+    """One worker per TRL thread count and one arealite worker (its server and trainer serve every k)."""
+    half = max(1, len(cpus) // 2)
+    common = dict(batch_size=args.batch_size, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                  seed=args.seed, model=model)  # fmt: skip
+    settings = {f"trl t={t}": dict(side="trl", threads=t, **common) for t in trl_threads}
+    settings["arealite"] = dict(side="arealite", server_threads=half, trainer_threads=half, pause_mode="in_place", lr=LR,
+                                max_in_flight=(max(ks) + 1) * args.batch_size, **common)  # fmt: skip
+    workers: dict[str, harness.SideProcess] = {}
+    for name, s in settings.items():
+        s["workdir"] = os.path.join(tmp, name.replace(" ", "_").replace("=", ""))
+        os.makedirs(s["workdir"])
+        argv = [os.path.abspath(__file__), "--worker", json.dumps(s)]
+        env = {"OMP_NUM_THREADS": str(s.get("threads", half)), **harness.CPU_ONLY}
+        workers[name] = harness.SideProcess(name, argv, cpus, s["workdir"] + ".log", env)
+    return workers
+
+
+def calibrate_trl(workers: dict[str, harness.SideProcess], trl_threads: list[int], steps: int) -> str:
+    """Keep TRL's fastest thread count (closing the other workers); returns its worker's name."""
+    names = [f"trl t={t}" for t in trl_threads]
+    if len(names) == 1:
+        return names[0]
+    trials = {name: workers[name].run(steps=steps)["wall"] for name in names}
+    best = min(trials, key=trials.get)
+    print(f"TRL calibration, wall s of {steps} steps: " + ", ".join(f"{n}: {w:.2f}" for n, w in trials.items())
+          + f"; timed: {best}", flush=True)  # fmt: skip
+    for name in names:
+        if name != best:
+            workers.pop(name).close()
+    return best
+
+
+def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], trl: str, ks: list[int]) -> None:
     for name, r in runs.items():
-        report(name, r, samples)
+        report(name, r, args.batch_size * args.group_size)
     print()
     walls = {name: [r["wall"] for r in rs] for name, rs in runs.items()}
     for name, w in walls.items():
@@ -241,7 +254,6 @@ def main() -> None:
     # wall time can beat a one-process side by at most (its CPU / ours) x the cores we overlap on
     for name, rs in runs.items():
         print(f"{name:<12} CPU s for {args.steps} steps (all its processes): {harness.spread([r['cpu'] for r in rs])}")
-    trl = next(n for n in walls if n.startswith("trl"))
     ratios = {k: [t / a for t, a in zip(walls[trl], walls[f"arealite k={k}"])] for k in ks}
     for k in ks:
         print(f"{trl} / arealite k={k} (paired): {harness.spread(ratios[k])}")
@@ -249,7 +261,6 @@ def main() -> None:
     if 0 in ratios:
         print(f"arealite_sync_vs_trl_equal_cores={harness.quartiles(ratios[0])[2]:.2f}")
     print(f"arealite_vs_trl_equal_cores={harness.quartiles(ratios[args.offpolicyness])[2]:.2f}")
-
 
 if __name__ == "__main__":
     main()
