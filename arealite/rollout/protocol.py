@@ -71,11 +71,6 @@ def _as_int_version(value: Any) -> int | None:
         return None
 
 
-def _logprob(value: Any) -> float:
-    # orjson writes -inf as null (§1.6)
-    return -math.inf if value is None else float(value)
-
-
 def parse_generate_reply(reply: Any) -> GenerateChunk:
     """Parse a non-streamed /generate reply (a dict; a one-item list is unwrapped).
 
@@ -95,7 +90,8 @@ def parse_generate_reply(reply: Any) -> GenerateChunk:
     triples = meta.get("output_token_logprobs")
     if triples is None:
         raise ValueError("/generate reply has no meta_info.output_token_logprobs; send return_logprob=true")
-    logprobs = [_logprob(t[0]) for t in triples]
+    # orjson writes -inf as null (§1.6); one comprehension: this runs for every generated token
+    logprobs = [-math.inf if t[0] is None else float(t[0]) for t in triples]
     tokens = reply.get("output_ids")
     if tokens is None:  # <= 0.4.10 omits output_ids (§7)
         tokens = [int(t[1]) for t in triples]
@@ -133,8 +129,9 @@ def token_versions(chunk: GenerateChunk, sent_version: int) -> list[int]:
     base = sent_version if chunk.server_version is None else min(chunk.server_version, sent_version)
     versions = [base] * len(chunk.tokens)
     for v, start, end in chunk.version_spans:
-        for i in range(max(0, start), min(end, len(versions))):
-            versions[i] = v
+        start, end = max(0, start), min(end, len(versions))
+        if end > start:
+            versions[start:end] = [v] * (end - start)
     return versions
 
 
