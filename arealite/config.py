@@ -222,8 +222,10 @@ class PPOCriticConfig(TrainEngineConfig):
 class DatasetConfig:
     """A dataset and its loader."""
 
-    path: str = ""  # jsonl/parquet file or folder; unused for type=arithmetic
-    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl
+    path: str = ""  # what datasets reads: a json/jsonl/parquet/csv/arrow file, a save_to_disk folder, a folder of data files, or a cached hub name (HF_HUB_OFFLINE=1); unused for type=arithmetic
+    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl (generic records in any of path's formats)
+    split: str | None = None  # split of a multi-split source (hub name, folder, DatasetDict); None: train for train_dataset, test for valid_dataset
+    subset: str | None = None  # hub dataset configuration, e.g. main for openai/gsm8k
     batch_size: int = 8  # prompts per step (across all ranks)
     shuffle: bool = True
     num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic)
