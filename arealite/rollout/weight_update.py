@@ -16,7 +16,7 @@ A server that is out of rotation is skipped and brought up to date when it rejoi
 disk update at once, after a broadcast at the next sync, which rebuilds the group with it
 (`awaiting`).
 
-lora (SGLang's LoRA endpoints, servers started with --enable-lora): POST /load_lora_adapter
+lora (docs/lora.md; servers started with --enable-lora): POST /load_lora_adapter
 `{"lora_name", "lora_path"}` with the adapter folder the trainer wrote, then
 /update_weight_version (loading an adapter does not set one), then /unload_lora_adapter of the
 adapter it replaces. Each version gets its own name, so a server never lacks the adapter the

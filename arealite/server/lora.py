@@ -1,4 +1,4 @@
-"""LoRA adapters on the built-in server, with SGLang's endpoints (`--enable-lora`).
+"""LoRA adapters on the built-in server, with SGLang's endpoints (`--enable-lora`; docs/lora.md).
 
 `POST /load_lora_adapter {"lora_name", "lora_path"}` reads a peft adapter folder
 (`adapter_config.json`, `adapter_model.safetensors`) under a name; `POST

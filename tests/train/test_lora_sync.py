@@ -73,32 +73,51 @@ def _mean_abs(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
     return float((a - b)[mask].abs().mean())
 
 
-def test_served_logprobs_follow_the_synced_adapter(tiny_model_dir, tmp_path):
+def sync_and_compare(tiny_model_dir: str, run_dir, dtype: str) -> list[dict]:
+    """Train LoRA, sync it (twice) to a fresh --enable-lora server in `dtype`, and compare:
+    per version, the mean |logprob| difference of the trainer and of the base model against
+    what the server sampled with the adapter, plus the trainer's largest |logit|."""
     lora = LoRAConfig(rank=4, alpha=16.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    args = ["--dtype", "float32", "--torch-threads", "1", "--skip-server-warmup", "--enable-lora", "--max-lora-rank", "4"]
+    args = ["--dtype", dtype, "--torch-threads", "1", "--skip-server-warmup", "--enable-lora", "--max-lora-rank", "4"]
     server = launch_server_process(tiny_model_dir, extra_args=args)
     rollout = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [server.address])
+    found = []
     try:
         rollout.initialize()
-        actor = PPOActor(PPOActorConfig(path=tiny_model_dir, dtype="float32", group_size=2, optimizer=OptimizerConfig(lr=3e-2), lora=lora)).initialize()
-        meta_for = init_weight_update(actor, rollout, "lora", str(tmp_path), rank=0, keep_versions=1)
+        config = PPOActorConfig(path=tiny_model_dir, dtype=dtype, group_size=2, optimizer=OptimizerConfig(lr=3e-2), lora=lora)
+        actor = PPOActor(config).initialize()
+        meta_for = init_weight_update(actor, rollout, "lora", str(run_dir), rank=0, keep_versions=1)
         for version in (1, 2):
             _train(actor, seed=10 * version)
             sync_weights(actor, rollout, meta_for(version), rank=0, barrier=lambda: None)
             assert rollout.lora_adapter == f"arealite-lora-v{version}"
             status, models = server.get("/v1/models")
             assert [c["id"] for c in models["data"][1:]] == [f"arealite-lora-v{version}"]  # the old one was unloaded
-            assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == [f"v{version}"]
+            assert sorted(p.name for p in (run_dir / "weights").iterdir()) == [f"v{version}"]
 
             batch = _sample(rollout)
             mask = batch["loss_mask"].bool()
             assert (batch["versions"][mask] == version).all()
-            diff = _mean_abs(actor.compute_logp(batch), batch["logprobs"], mask)
-            bound = tolerance(torch.float32, HIDDEN) * float(batch["logprobs"][mask].abs().mean())
-            base = _mean_abs(_base_logprobs(server, batch), batch["logprobs"], mask)
-            print(f"version {version}: trainer vs server {diff:.2e} (bound {bound:.2e}); base model vs server {base:.2e}")
-            assert diff <= bound, f"trainer vs server mean |logprob diff| {diff} > {bound}"
-            assert base > 100 * bound, f"the served logprobs are the base model's ({base}): the adapter was not applied"
+            found.append({
+                "trainer": _mean_abs(actor.compute_logp(batch).float(), batch["logprobs"], mask),
+                "base": _mean_abs(_base_logprobs(server, batch), batch["logprobs"], mask),
+                "mean_logprob": float(batch["logprobs"][mask].abs().mean()),
+                "max_logit": float(actor.forward(batch).float()[batch["attention_mask"].bool()].abs().max()),
+            })  # fmt: skip
+        # a server that comes back gets the newest adapter again (here: one that still has it)
+        assert rollout.loop.run(rollout.weights.aresync(server.address))
+        status, models = server.get("/v1/models")
+        assert [c["id"] for c in models["data"][1:]] == ["arealite-lora-v2"]
+        assert server.get("/get_model_info")[1]["weight_version"] == "2"
     finally:
         rollout.destroy()
         server.stop()
+    return found
+
+
+def test_served_logprobs_follow_the_synced_adapter(tiny_model_dir, tmp_path):
+    for version, f in enumerate(sync_and_compare(tiny_model_dir, tmp_path, "float32"), 1):
+        bound = tolerance(torch.float32, HIDDEN) * f["mean_logprob"]  # fp32 rounding through 64-long dot products
+        print(f"version {version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base model vs server {f['base']:.2e}")
+        assert f["trainer"] <= bound, f"trainer vs server mean |logprob diff| {f['trainer']} > {bound}"
+        assert f["base"] > 100 * bound, f"the served logprobs are the base model's ({f['base']}): the adapter was not applied"
