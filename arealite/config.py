@@ -139,6 +139,26 @@ class MicroBatchSpec:
 
 
 @dataclass
+class LoRAConfig:
+    """A LoRA adapter (peft) on the actor: only its low-rank matrices train (arealite[lora])."""
+
+    rank: int = 8  # r: the adapter's inner dimension
+    alpha: float = 16.0  # the update is scaled by alpha / rank
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # names of the linear layers that get an adapter (SGLang's --lora-target-modules)
+    dropout: float = 0.0  # dropout on the adapter's input, in training only
+
+    def __post_init__(self) -> None:
+        _check_positive("actor.lora", "rank", self.rank)
+        _check_positive("actor.lora", "alpha", self.alpha)
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"actor.lora.dropout={self.dropout} must be in [0, 1)")
+        if not self.target_modules:
+            raise ConfigError("actor.lora.target_modules is empty; name the linear layers to adapt, e.g. [q_proj, v_proj]")
+
+
+@dataclass
 class TrainEngineConfig:
     """The FSDP2 training engine: model, precision, optimizer, micro-batching."""
 
@@ -148,9 +168,12 @@ class TrainEngineConfig:
     cpu_offload: bool = False
     optimizer: OptimizerConfig | None = field(default_factory=OptimizerConfig)  # None: frozen (reference model)
     mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    lora: LoRAConfig | None = None  # train a LoRA adapter instead of every weight (needs weight_update=lora)
 
     def __post_init__(self) -> None:
         _check_choice("actor", "dtype", self.dtype, ("auto", "float32", "bfloat16"))
+        if self.lora is not None and self.optimizer is None:
+            raise ConfigError("a frozen model (optimizer: null, e.g. ref) cannot have a LoRA adapter; set its lora to null")
 
 
 @dataclass
@@ -213,6 +236,8 @@ class PPOCriticConfig(TrainEngineConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lora is not None:
+            raise ConfigError("critic.lora is not supported (the value head must train); set critic.lora to null")
         _check_choice(
             "critic", "loss_agg_mode", self.loss_agg_mode, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
         )
@@ -222,8 +247,10 @@ class PPOCriticConfig(TrainEngineConfig):
 class DatasetConfig:
     """A dataset and its loader."""
 
-    path: str = ""  # jsonl/parquet file or folder; unused for type=arithmetic
-    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl
+    path: str = ""  # what datasets reads: a json/jsonl/parquet/csv/arrow file, a save_to_disk folder, a folder of data files, or a cached hub name (HF_HUB_OFFLINE=1); unused for type=arithmetic
+    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl (generic records in any of path's formats)
+    split: str | None = None  # split of a multi-split source (hub name, folder, DatasetDict); None: train for train_dataset, test for valid_dataset
+    subset: str | None = None  # hub dataset configuration, e.g. main for openai/gsm8k
     batch_size: int = 8  # prompts per step (across all ranks)
     shuffle: bool = True
     num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic)
@@ -350,7 +377,7 @@ class GRPOConfig:
     seed: int = 1
     total_train_steps: int = 10
     tokenizer_path: str = ""  # defaults to actor.path
-    weight_update: str = "disk"  # disk | distributed
+    weight_update: str = "disk"  # disk | distributed | lora (only the actor's LoRA adapter, through /load_lora_adapter)
     weight_keep_versions: int = 3  # disk: weight versions kept under <run_dir>/weights (older ones are deleted)
     reward_fn: str = ""  # "module:function" of a custom reward; empty: chosen by train_dataset.type
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
@@ -367,7 +394,8 @@ class GRPOConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
 
     def __post_init__(self) -> None:
-        _check_choice("", "weight_update", self.weight_update, ("disk", "distributed"))
+        _check_choice("", "weight_update", self.weight_update, ("disk", "distributed", "lora"))
+        self._check_lora()
         _check_positive("", "weight_keep_versions", self.weight_keep_versions)
         sampled, trained = self.gconfig.temperature, self.actor.temperature
         if sampled > 0 and abs(sampled - trained) > 1e-6:
@@ -375,6 +403,22 @@ class GRPOConfig:
             raise ConfigError(
                 f"actor.temperature={trained} differs from gconfig.temperature={sampled}; "
                 f"set actor.temperature={sampled} (the loss must use the sampling temperature)"
+            )
+
+    def _check_lora(self) -> None:
+        """An adapter trains only if the servers receive it, and only adapter syncs need one."""
+        if self.weight_update == "lora" and self.actor.lora is None:
+            raise ConfigError("weight_update=lora needs an adapter to sync: set actor.lora (e.g. actor.lora.rank=8)")
+        if self.actor.lora is not None and self.weight_update != "lora":
+            raise ConfigError(
+                f"actor.lora is set but weight_update={self.weight_update!r} would sync full weights; set weight_update=lora"
+            )
+        if self.weight_update == "lora" and self.rollout.pause_mode != "abort":
+            # SGLang keeps a paused request on the adapter it started with, and unloading an
+            # adapter waits for its requests: only aborted requests move to the new adapter.
+            raise ConfigError(
+                f"weight_update=lora needs rollout.pause_mode=abort (got {self.rollout.pause_mode!r}): "
+                "requests kept on a paused server would finish on the old adapter"
             )
 
     @property

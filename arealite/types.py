@@ -49,8 +49,9 @@ class ModelResponse:
 class WeightUpdateMeta:
     """How to push new weights to the servers."""
 
-    type: str = "disk"  # disk | distributed
-    path: str = ""  # disk: a shared folder the servers can read
+    type: str = "disk"  # disk | distributed | lora
+    path: str = ""  # disk: a shared folder the servers can read (lora: the adapter's folder)
+    lora_name: str = ""  # lora: the name the servers load the adapter under; /generate selects it by this name
     keep_versions: int = 0  # disk: v<N> folders kept beside `path` once the servers confirm it (0: all)
     version: int = 0
     # distributed: the process group the servers join with the trainer's rank 0

@@ -36,10 +36,12 @@ def generate_body(
     gconfig: GenerationHyperparameters,
     max_new_tokens: int,
     produced: int = 0,
+    lora_name: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body for one non-streamed /generate call with logprobs. `produced` is how many
     tokens earlier (interrupted) calls of the same sample returned: they count towards
-    `min_new_tokens`."""
+    `min_new_tokens`. `lora_name`: the loaded LoRA adapter to generate with (SGLang's
+    `lora_path`, which takes the adapter's name); None: the base model."""
     params = gconfig.sampling_params()
     params["max_new_tokens"] = int(max_new_tokens)
     if "min_new_tokens" in params:
@@ -54,6 +56,8 @@ def generate_body(
         "return_logprob": True,
         "stream": False,
     }
+    if lora_name:
+        body["lora_path"] = lora_name
     return body
 
 
@@ -145,6 +149,8 @@ def error_message(body: Any) -> str:
             return str(err)[:500]
         if "message" in body:
             return str(body["message"])[:500]
+        if body.get("error_message"):  # the LoRA endpoints' replies
+            return str(body["error_message"])[:500]
         if "detail" in body:
             return str(body["detail"])[:500]
     return str(body)[:500]

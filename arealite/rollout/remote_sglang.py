@@ -70,6 +70,7 @@ class RemoteSGLangEngine:
         self._session: Any = None
         self._version = 0
         self._version_lock = threading.Lock()
+        self._lora_name: str | None = None  # the adapter every /generate asks for (weight_update=lora)
         self._paused = False
         self._unpaused: asyncio.Event | None = None
         self._context_length: dict[str, int | None] = {}
@@ -142,6 +143,17 @@ class RemoteSGLangEngine:
         with self._version_lock:
             return self._version
 
+    def set_lora_adapter(self, name: str | None) -> None:
+        """Generate with the LoRA adapter the servers loaded as `name` (None: the base model).
+        Called by the weight sync on every trainer rank, while the client is paused."""
+        with self._version_lock:
+            self._lora_name = name or None
+
+    @property
+    def lora_adapter(self) -> str | None:
+        with self._version_lock:
+            return self._lora_name
+
     @property
     def paused(self) -> bool:
         return self._paused
@@ -199,7 +211,9 @@ class RemoteSGLangEngine:
 
         disk: /update_weights_from_disk with `meta.path`; distributed: one
         /update_weights_from_distributed per bucket in `meta.buckets`, while the trainer's
-        rank 0 broadcasts the same tensors. The servers report `meta.version` afterwards.
+        rank 0 broadcasts the same tensors; lora: /load_lora_adapter with the adapter folder
+        `meta.path` as `meta.lora_name` (then `set_lora_adapter`). The servers report
+        `meta.version` afterwards.
         """
         return self._loop.submit(self.weights.aupdate(meta))
 
@@ -253,6 +267,7 @@ class RemoteSGLangEngine:
             await self._unpaused.wait()  # resubmissions wait out a weight update client-side
             address = await self._pick(group, remaining, req.rid)
             sent_version = self.get_version()  # the servers hold at least this version (see token_versions)
+            lora_name = self.lora_adapter  # the adapter of that version (weight_update=lora)
             prompt = resp.input_tokens + resp.output_tokens
             now_budget = protocol.clamp_max_new_tokens(remaining, len(prompt), self._context_length.get(address))
             if now_budget <= 0:
@@ -267,7 +282,7 @@ class RemoteSGLangEngine:
                 resp.stop_reason = "length"  # the context is full
                 break
             try:
-                chunk = await self._call_server(address, prompt, req, now_budget, resp.output_len)
+                chunk = await self._call_server(address, prompt, req, now_budget, resp.output_len, lora_name)
             except TransientServerError as e:
                 failures = await self._after_failure(address, e, failures)
                 continue
@@ -292,12 +307,12 @@ class RemoteSGLangEngine:
         return resp
 
     async def _call_server(
-        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int
+        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int, lora_name: str | None = None
     ) -> protocol.GenerateChunk:
         """One /generate call, abandoned as a transient failure if the server leaves the
         rotation meanwhile (a hung server never closes the connection)."""
         left = self.health.left_rotation(address)
-        call = asyncio.ensure_future(self._generate_once(address, prompt, req, max_new_tokens, produced))
+        call = asyncio.ensure_future(self._generate_once(address, prompt, req, max_new_tokens, produced, lora_name))
         try:
             await asyncio.wait((call, left), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -308,9 +323,9 @@ class RemoteSGLangEngine:
         return call.result()
 
     async def _generate_once(
-        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int
+        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int, lora_name: str | None = None
     ) -> protocol.GenerateChunk:
-        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced)
+        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced, lora_name)
         status, reply = await request(
             self._session, "POST", address, "/generate", body, self.config.request_timeout, req.rid, "rollout.request_timeout"
         )

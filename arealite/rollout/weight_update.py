@@ -16,6 +16,14 @@ A server that is out of rotation is skipped and brought up to date when it rejoi
 disk update at once, after a broadcast at the next sync, which rebuilds the group with it
 (`awaiting`).
 
+lora (docs/lora.md; servers started with --enable-lora): POST /load_lora_adapter
+`{"lora_name", "lora_path"}` with the adapter folder the trainer wrote, then
+/update_weight_version (loading an adapter does not set one), then /unload_lora_adapter of the
+adapter it replaces. Each version gets its own name, so a server never lacks the adapter the
+client asks for; a name already loaded (a trainer restarted against running servers) is
+unloaded and loaded again, since its files may differ now. Only pause mode abort: a request
+kept on a paused SGLang server would finish on the adapter it started with.
+
 Distributed groups (module `arealite.utils.distributed_sync` drives them): the client keeps
 the current group's `members`, sends bucket calls to exactly those, and keeps feeding the
 live ones when one fails, so the trainer's broadcast is held up by nobody but the failed
@@ -54,6 +62,8 @@ class WeightUpdater:
         self._engine = engine
         self._last_disk: WeightUpdateMeta | None = None
         self._last_distributed: WeightUpdateMeta | None = None
+        self._last_lora: WeightUpdateMeta | None = None
+        self.adapters: dict[str, str] = {}  # server -> the LoRA adapter name this client last loaded there
         self.group: WeightUpdateMeta | None = None  # the distributed group the servers joined
         self.members: list[str] = []  # its servers, rank 1 + i
         self.awaiting: set[str] = set()  # back after a broadcast they missed; in the next group
@@ -70,11 +80,13 @@ class WeightUpdater:
         if status != 200 or (isinstance(reply, dict) and reply.get("success") is False):
             raise WeightUpdateError(f"POST {path} returned {status}: {protocol.error_message(reply)}", address)
 
-    async def _post_each(self, addresses: list[str], path: str, bodies: list[dict[str, Any]]) -> None:
-        """POST concurrently; a server that went down is taken out of rotation (it is re-synced
-        when it rejoins), any other failure is raised. Fails if no server took the update."""
+    async def _post_each(self, addresses: list[str], path: str, bodies: list[Any], post=None) -> None:
+        """POST concurrently (through `post(address, path, body)`, default one call); a server
+        that went down is taken out of rotation (it is re-synced when it rejoins), any other
+        failure is raised. Fails if no server took the update."""
+        post = post or self._post
         results = await asyncio.gather(
-            *(self._post(a, path, b) for a, b in zip(addresses, bodies)), return_exceptions=True
+            *(post(a, path, b) for a, b in zip(addresses, bodies)), return_exceptions=True
         )
         done = 0
         for address, result in zip(addresses, results):
@@ -130,8 +142,33 @@ class WeightUpdater:
                 )
             await self._broadcast_calls(meta)
             self._last_distributed = meta
+        elif meta.type == "lora":
+            if not meta.path or not meta.lora_name:
+                raise WeightUpdateError("WeightUpdateMeta(type='lora') needs path= the adapter folder and lora_name=")
+            addresses = self._engine.pool.healthy
+            await self._post_each(addresses, "/load_lora_adapter", [meta] * len(addresses), self._load_adapter)
+            self._last_lora = meta
         else:
-            raise WeightUpdateError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk' or 'distributed'")
+            raise WeightUpdateError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk', 'distributed' or 'lora'")
+
+    async def _load_adapter(self, address: str, path: str, meta: WeightUpdateMeta) -> None:
+        """Load `meta`'s adapter on one server, set its version, unload the one it replaces."""
+        body = {"lora_name": meta.lora_name, "lora_path": meta.path}
+        try:
+            await self._post(address, path, body)
+        except WeightUpdateError as e:
+            if "already loaded" not in str(e):
+                raise
+            await self._post(address, "/unload_lora_adapter", {"lora_name": meta.lora_name})
+            await self._post(address, path, body)
+        # SGLang aborts every request on a version change unless told otherwise; none run while paused
+        await self._post(address, "/update_weight_version", {"new_version": str(meta.version), "abort_all_requests": False})
+        old, self.adapters[address] = self.adapters.get(address), meta.lora_name
+        if old is not None and old != meta.lora_name:
+            try:  # best effort: an adapter left behind costs memory, not correctness
+                await self._post(address, "/unload_lora_adapter", {"lora_name": old}, self._engine.config.control_timeout, "rollout.control_timeout")
+            except WeightUpdateError as e:
+                logger.warning("could not unload the replaced LoRA adapter %s from %s: %s", old, address, e)
 
     async def _broadcast_calls(self, meta: WeightUpdateMeta) -> None:
         """One call per bucket to each member of the group, in order. A member whose call fails
@@ -269,7 +306,9 @@ class WeightUpdater:
                 self.awaiting.add(address)
                 logger.info("server %s is back; it rejoins once the next weight sync has broadcast it the weights", address)
             return False
-        if self._last_disk is not None:  # the rejoiner was never paused: nothing of ours to keep
+        if self._last_lora is not None:  # a run syncs one way only
+            await self._load_adapter(address, "/load_lora_adapter", self._last_lora)
+        elif self._last_disk is not None:  # the rejoiner was never paused: nothing of ours to keep
             await self._post(address, "/update_weights_from_disk", self._disk_body(self._last_disk, keep_requests=False))
         self.awaiting.discard(address)
         return True

@@ -16,7 +16,7 @@ import uuid
 
 from aiohttp import web
 
-from arealite.server import control, generate, weights
+from arealite.server import control, generate, lora, weights
 from arealite.server.errors import json_response, status_response
 from arealite.server.request import Req
 from arealite.server.sampling import SamplingParams
@@ -132,7 +132,8 @@ async def handle_v1_models(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
     name = state.served_model_name
     card = {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "sglang", "root": name, "parent": None, "max_model_len": state.context_len}
-    return json_response({"object": "list", "data": [card]})
+    adapters = lora.model_cards(state.runner.lora, name, int(state.started_at), state.context_len)
+    return json_response({"object": "list", "data": [card, *adapters]})
 
 
 def make_app(state: ServerState) -> web.Application:
@@ -162,6 +163,8 @@ def make_app(state: ServerState) -> web.Application:
     r.add_post("/update_weights_from_distributed", weights.handle_update_from_distributed)
     r.add_post("/destroy_weights_update_group", weights.handle_destroy_group)
     r.add_post("/update_weight_version", weights.handle_update_weight_version)
+    r.add_post("/load_lora_adapter", lora.handle_load)
+    r.add_post("/unload_lora_adapter", lora.handle_unload)
     return app
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -18,12 +19,13 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from arealite.server.limits import RequestLimits
+from arealite.server.lora import AdapterSet
 from arealite.server.model_runner import DTYPES, ModelRunner
 from arealite.server.scheduler import Scheduler, SchedulerLimits
 from arealite.server.state import ServerState
 
 # SGLang flags accepted for command-line compatibility; they do not change this server.
-IGNORED_VALUE_FLAGS = ("--tp-size", "--tensor-parallel-size", "--dp-size", "--mem-fraction-static", "--load-format", "--attention-backend", "--sampling-backend", "--chunked-prefill-size", "--schedule-policy", "--cuda-graph-max-bs")
+IGNORED_VALUE_FLAGS = ("--max-loras-per-batch", "--lora-backend", "--tp-size", "--tensor-parallel-size", "--dp-size", "--mem-fraction-static", "--load-format", "--attention-backend", "--sampling-backend", "--chunked-prefill-size", "--schedule-policy", "--cuda-graph-max-bs")
 IGNORED_BOOL_FLAGS = ("--disable-radix-cache", "--trust-remote-code", "--enable-metrics", "--disable-cuda-graph", "--log-requests", "--enable-memory-saver")
 
 
@@ -53,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-parallel-samples", type=int, default=256, help="largest `n` (sampling_params.n) of one request")
     p.add_argument("--max-request-tokens", type=int, default=None, help="prompt + max_new_tokens summed over one request's sequences; defaults to --max-total-tokens")
     p.add_argument("--max-top-logprobs-num", type=int, default=256, help="largest top_logprobs_num")
+    p.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (/load_lora_adapter, lora_path in /generate)")
+    p.add_argument("--lora-paths", nargs="+", default=None, help="adapters to load at start: NAME=PATH or PATH (named PATH)")
+    p.add_argument("--max-lora-rank", type=int, default=None, help="refuse adapters of a higher rank")
+    p.add_argument("--lora-target-modules", nargs="+", default=None, help="refuse adapters of other layers (names such as q_proj, or all)")
+    p.add_argument("--max-loaded-loras", type=int, default=None, help="the most adapters loaded at once")
     p.add_argument("--dist-timeout", type=float, default=60.0, help="seconds a weight-update group may wait to form and per collective, unless /init_weights_update_group sends its own `timeout`")
     for flag in IGNORED_VALUE_FLAGS:
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
@@ -86,7 +93,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--dist-timeout must be > 0 seconds, got {args.dist_timeout}")
     if args.max_top_logprobs_num < 0:
         raise SystemExit(f"--max-top-logprobs-num must be at least 0, got {args.max_top_logprobs_num}")
-    for flag in ("context_length", "max_total_tokens", "torch_threads", "max_request_tokens"):
+    for flag in ("context_length", "max_total_tokens", "torch_threads", "max_request_tokens", "max_lora_rank", "max_loaded_loras"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} must be at least 1 (or omitted), got {value}")
@@ -94,9 +101,22 @@ def check_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"--model-path {args.model_path!r} is not a directory; pass a local HF model folder")
 
 
+def lora_path_entry(entry: str) -> tuple[str, str]:
+    """(name, path) of one `--lora-paths` entry: NAME=PATH, PATH, or SGLang's JSON form."""
+    if entry.lstrip().startswith("{"):
+        spec = json.loads(entry)
+        return spec["lora_name"], spec["lora_path"]
+    name, sep, path = entry.partition("=")
+    return (name, path) if sep else (entry, entry)
+
+
 def build_state(args: argparse.Namespace) -> ServerState:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     runner = ModelRunner(args.model_path, args.dtype, device)
+    if args.enable_lora or args.lora_paths:  # SGLang: --lora-paths implies --enable-lora
+        runner.lora = AdapterSet(runner.model, runner.lock, True, args.max_lora_rank, args.lora_target_modules, args.max_loaded_loras)
+        for entry in args.lora_paths or ():
+            runner.lora.load(*lora_path_entry(entry))
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or args.model_path)
     model_max = int(getattr(runner.config, "max_position_embeddings", 0) or 4096)
     context_len = args.context_length or model_max

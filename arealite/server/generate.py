@@ -63,6 +63,7 @@ def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
                 logprob_start_len=item.logprob_start_len,
                 seed=seed,
                 stream=call.stream,
+                lora=state.runner.lora.resolve(item.lora_path),
             )
         )
     return reqs

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from arealite.server.errors import ContractError, RequestError
 from arealite.server.limits import I64_MAX, I64_MIN, RequestLimits
+from arealite.server.lora import lora_paths
 from arealite.server.sampling import SAMPLING_KEYS, SamplingParams
 
 _INT_KEYS = {"max_new_tokens", "min_new_tokens", "top_k", "n", "sampling_seed", "stream_interval"}
@@ -33,6 +34,7 @@ class GenItem:
     return_logprob: bool
     top_logprobs_num: int
     logprob_start_len: int
+    lora_path: str | None = None  # the LoRA adapter's name (server/lora.py)
 
 
 @dataclass
@@ -213,6 +215,7 @@ def parse_generate(body: dict, vocab_size: int, limits: RequestLimits | None = N
     stream = _expect(body.get("stream", False), "a boolean", "stream")
     text_in_lp = _expect(body.get("return_text_in_logprobs", False), "a boolean", "return_text_in_logprobs")
     rids = _rids(body, size, is_batch)
+    loras = lora_paths(body, size)
     if n > 1:
         is_batch = True
     if not are_texts:
@@ -233,6 +236,7 @@ def parse_generate(body: dict, vocab_size: int, limits: RequestLimits | None = N
                     return_logprob=return_logprob[i],
                     top_logprobs_num=top_num[i],
                     logprob_start_len=start_len[i],
+                    lora_path=loras[i],
                 )
             )
     return GenerateCall(items, is_batch, stream, text_in_lp)

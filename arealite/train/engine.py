@@ -104,6 +104,10 @@ class FSDPEngine:
         self.compute_dtype = self._compute_dtype(config.dtype)
         model = self._build_model(config.path, _attn_implementation(self.device, self.compute_dtype))
         self.hf_config = model.config
+        if config.lora is not None:  # before sharding, so the adapter is sharded with its layer
+            from arealite.train.lora import apply_lora
+
+            model = apply_lora(model, config.lora)
         if config.gradient_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
                 model.activation_checkpointing_enable({"use_reentrant": False})
@@ -112,8 +116,9 @@ class FSDPEngine:
         self._model = self._shard(model)
         if config.optimizer is not None:
             opt = config.optimizer
+            trainable = [p for p in self._model.parameters() if p.requires_grad]  # LoRA: the adapter only
             self.optimizer = torch.optim.AdamW(
-                self._model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                trainable, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
                 weight_decay=opt.weight_decay,
             )  # fmt: skip
             self.scheduler = build_scheduler(self.optimizer, opt, self.total_train_steps)
@@ -272,11 +277,21 @@ class FSDPEngine:
         return result
 
     def save(self, path: str) -> None:
-        """Write the model as an HF folder (config, safetensors, tokenizer files); collective."""
+        """Write the model as an HF folder (config, safetensors, tokenizer files); collective.
+        With `config.lora`, the adapter alone as a peft folder (train/lora.py)."""
+        if self.config.lora is not None:
+            from arealite.train.lora import save_adapter
+
+            return save_adapter(self.model, self.config.lora, path, base_model_path=self.config.path)
         W.save_hf(self.model, self.hf_config, path, source_path=self.config.path)
 
     def load(self, path: str) -> None:
-        """Load weights from an HF folder into the sharded model (every rank reads the files)."""
+        """Load weights from an HF folder into the sharded model (every rank reads the files);
+        with `config.lora`, an adapter folder that `save` wrote."""
+        if self.config.lora is not None:
+            from arealite.train.lora import load_adapter
+
+            return load_adapter(self.model, path)
         W.load_full_weights(self.model, read_hf_weights(path))
 
     def save_checkpoint(self, path: str) -> None:
@@ -332,15 +347,21 @@ class FSDPEngine:
         """Push the current weights out; collective over trainer ranks.
 
         disk: rank 0 writes an HF folder to `meta.path`, then all ranks meet at a barrier.
+        lora: the same with the adapter's peft folder (the engine must have `config.lora`).
         distributed: every rank gathers full parameters; rank 0 broadcasts them over the
         group `meta.group_name`, in the order of `meta.buckets` when set (what the client
         sends), else of `weight_buckets(meta)`. `on_bucket(i, bucket)` runs on rank 0 just
         before bucket i is broadcast. If a broadcast fails (a server died or timed out), the
         group is dropped and rank 0 raises WeightBroadcastError once every rank is done.
         """
-        if meta.type == "disk":
+        if meta.type in ("disk", "lora"):
             if not meta.path:
-                raise ValueError("WeightUpdateMeta.path is empty; disk weight updates need a shared folder")
+                raise ValueError(f"WeightUpdateMeta.path is empty; {meta.type} weight updates need a shared folder")
+            if (meta.type == "lora") != (self.config.lora is not None):
+                raise ValueError(
+                    f"WeightUpdateMeta.type={meta.type!r} does not fit this engine "
+                    f"({'a LoRA adapter' if self.config.lora else 'no LoRA adapter'}); use weight_update=lora exactly when actor.lora is set"
+                )
             self.save(meta.path)
         elif meta.type == "distributed":
             from arealite.utils.process_group import WeightBroadcastError
@@ -356,4 +377,4 @@ class FSDPEngine:
             if failure is not None:  # rank 0 only, after every rank finished its gathers
                 raise WeightBroadcastError(failure)
         else:
-            raise ValueError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk' or 'distributed'")
+            raise ValueError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk', 'distributed' or 'lora'")

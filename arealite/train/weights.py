@@ -162,13 +162,16 @@ def _write_folder(shards: list[dict[str, torch.Tensor]], hf_config, path: str, s
                 shutil.copyfile(src, os.path.join(path, fname))
 
 
-def load_full_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Copy full tensors into the (sharded) parameters; every parameter must be present."""
+def load_full_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], strict: bool = True) -> None:
+    """Copy full tensors into the (sharded) parameters; every parameter must be present
+    (`strict=False`: only those in `weights`, e.g. a LoRA adapter's)."""
     missing = [n for n, _ in unique_parameters(model) if n not in weights]
-    if missing:
+    if missing and strict:
         raise KeyError(f"the checkpoint lacks {len(missing)} parameters, e.g. {missing[:3]}")
     with torch.no_grad():
         for name, p in unique_parameters(model):
+            if name not in weights:
+                continue
             src = weights[name].to(dtype=p.dtype)
             if isinstance(p, DTensor):
                 src = torch.distributed.tensor.distribute_tensor(

@@ -27,14 +27,17 @@ def init_weight_update(
     server joins a process group with the trainer's rank 0 (which hosts it on MASTER_ADDR and
     a free port) and receives broadcasts; no files are written. A server that dies in it is
     excluded and the group rebuilt (arealite.utils.distributed_sync). `backend`: the group's,
-    default nccl on CUDA (one GPU per rank), else gloo.
+    default nccl on CUDA (one GPU per rank), else gloo. `kind="lora"`: only the actor's LoRA
+    adapter, written like a disk version (a peft folder) and loaded by the servers' LoRA
+    endpoints under a name per version (`lora_update_meta`).
     """
-    if kind == "disk":
+    if kind in ("disk", "lora"):
         if keep_versions < 1:
             raise ValueError(f"keep_versions={keep_versions} must be >= 1: the servers load the newest version")
-        return lambda version: disk_update_meta(run_dir, version, keep_versions)
+        make = disk_update_meta if kind == "disk" else lora_update_meta
+        return lambda version: make(run_dir, version, keep_versions)
     if kind != "distributed":
-        raise ValueError(f"weight_update={kind!r} is not supported; use 'disk' or 'distributed'")
+        raise ValueError(f"weight_update={kind!r} is not supported; use 'disk', 'distributed' or 'lora'")
     meta = WeightUpdateMeta(
         type="distributed",
         master_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
@@ -51,6 +54,12 @@ def disk_update_meta(run_dir: str, version: int, keep_versions: int = 0) -> Weig
     """Weights go through `<run_dir>/weights/v<version>` (a folder every server can read)."""
     path = os.path.abspath(os.path.join(run_dir, "weights", f"v{version}"))
     return WeightUpdateMeta(type="disk", path=path, version=version, keep_versions=keep_versions)
+
+
+def lora_update_meta(run_dir: str, version: int, keep_versions: int = 0) -> WeightUpdateMeta:
+    """The adapter goes through `<run_dir>/weights/v<version>` and is served as `arealite-lora-v<version>`."""
+    meta = disk_update_meta(run_dir, version, keep_versions)
+    return dataclasses.replace(meta, type="lora", lora_name=f"arealite-lora-v{version}")
 
 
 def prune_weight_versions(weights_dir: str, keep: int, current: int) -> list[str]:
@@ -77,7 +86,7 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
 
     `barrier` is a callable that synchronises the trainer ranks (e.g. torch.distributed.barrier).
     """
-    if meta.type == "disk":
+    if meta.type in ("disk", "lora"):
         # Writing the files does not touch the servers, so they keep generating meanwhile;
         # they pause only while they load.
         actor.upload_weights(meta)  # rank 0 writes, then a barrier inside
@@ -93,9 +102,11 @@ def sync_weights(actor, rollout, meta: WeightUpdateMeta, rank: int, barrier) -> 
         broadcast_weights(actor, rollout, meta, rank)  # a server that dies meanwhile is excluded
     if rank == 0:
         confirm_server_versions(rollout, meta.version)  # a down server resyncs on rejoin
-        if meta.type == "disk" and meta.keep_versions > 0:
+        if meta.type in ("disk", "lora") and meta.keep_versions > 0:
             prune_weight_versions(os.path.dirname(meta.path), meta.keep_versions, meta.version)
     barrier()  # servers hold the new weights before anyone resumes
+    if meta.type == "lora":
+        rollout.set_lora_adapter(meta.lora_name)  # every rank's client asks for the new adapter
     rollout.set_version(meta.version)
     actor.set_version(meta.version)
     rollout.resume()

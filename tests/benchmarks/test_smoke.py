@@ -34,6 +34,7 @@ HELPERS = {"harness.py", "grpo_step.py"}  # imported by the scripts, not run
 FIGURES = {
     "advantages.py": "triton_vs_floor" if _cuda_visible() else "reference_vs_loop",
     "async_speedup.py": "async2_vs_best_sync",
+    "lora_memory.py": "lora_memory_ratio",
     "rollout_overhead.py": "overhead_pct",
     "server_throughput.py": "speedup_vs_batched_generate",
     "train_packing.py": "packed_speedup",
