@@ -29,8 +29,9 @@ def load_records(config: DatasetConfig, split: str = "train", seed: int = 0) -> 
     """The records a DatasetConfig names (`split` only matters for the synthetic task)."""
     if config.type == "arithmetic":
         return make_arithmetic_dataset(
-            config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split
-        )
+            config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split,
+            min_operand=config.min_operand,
+        )  # fmt: skip
     if not config.path:
         raise ConfigError(f"dataset.path is empty for dataset.type={config.type!r}; set it to a jsonl/parquet file")
     loader = {"gsm8k": load_gsm8k, "math500": load_math500, "jsonl": load_generic}[config.type]
