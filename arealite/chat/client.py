@@ -105,10 +105,11 @@ class ChatClient:
         gconfig = self._gconfig(temperature, top_p, max_tokens or max_completion_tokens, stop, frequency_penalty)
         prompt_ids, parent = self._prompt(msgs, tools)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        base_seed = gconfig.sampling_seed if seed is None else int(seed)  # choice i samples with base + i
         requests = [
             ModelRequest(
                 input_ids=list(prompt_ids),
-                gconfig=gconfig if seed is None else dataclasses.replace(gconfig, sampling_seed=int(seed) + i),
+                gconfig=gconfig if base_seed is None else dataclasses.replace(gconfig, sampling_seed=base_seed + i),
                 group_id=self.group_id,
             )
             for i in range(n)
