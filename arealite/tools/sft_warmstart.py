@@ -4,9 +4,9 @@
 
 Reads the same experiment config as the training script: the records come from
 `train_dataset` (mapped by `sft.records_fn` when set), the optimizer settings from `sft`
-(steps, batch_size, lr, seed), the output folder is `actor.path`. Does nothing when `actor.path` already holds a model, so it can sit
-in `launcher.setup_commands` and run only on the first launch. Deterministic for a seed:
-one process, a seeded data order, fp32 on CPU.
+(steps, batch_size, lr, seed), the output folder is `actor.path`. Does nothing when
+`actor.path` already holds a model, so it can sit in `launcher.setup_commands` and run only
+on the first launch. Deterministic for a seed: one process, a seeded data order, fp32 on CPU.
 
 Used for the CPU main job, where a random tiny model must first learn the answer format
 (deliberately under-trained, so GRPO has something left to learn).
