@@ -255,7 +255,8 @@ class DatasetConfig:
     shuffle: bool = True
     num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic)
     max_prompt_tokens: int | None = None  # drop prompts longer than this
-    max_operand: int = 20  # type=arithmetic: operands are drawn from 0..max_operand
+    max_operand: int = 20  # type=arithmetic: operands are drawn from min_operand..max_operand
+    min_operand: int = 0  # type=arithmetic: smallest operand (e.g. 32 with max 99 and ops "*": four-digit products)
     ops: str = "+-"  # type=arithmetic: operators to draw from (any of + - *)
 
     def __post_init__(self) -> None:
@@ -360,11 +361,23 @@ class SFTConfig:
     batch_size: int = 32  # sequences per step
     lr: float = 1e-3
     seed: int = 0  # data order; makes the warm start deterministic
+    records_fn: str = ""  # "module:function" turning the training records into SFT records, fn(records, tokenizer, config); empty: the records themselves, answer as completion
 
     def __post_init__(self) -> None:
         _check_positive("sft", "steps", self.steps, allow_zero=True)
         _check_positive("sft", "batch_size", self.batch_size)
         _check_positive("sft", "lr", self.lr)
+
+
+@dataclass
+class ToolUseConfig:
+    """Tool calling in rollouts (`arealite.workflow.ToolUseWorkflow`), read by examples/tools_grpo.py."""
+
+    tools: list[str] = field(default_factory=lambda: ["arealite.workflow.tools:Calculator"])  # "module:Class" of each tool, built without arguments
+    max_turns: int = 3  # model replies per sample, the final answer included
+
+    def __post_init__(self) -> None:
+        _check_positive("tool_use", "max_turns", self.max_turns)
 
 
 @dataclass
@@ -392,6 +405,7 @@ class GRPOConfig:
     recover: RecoverConfig = field(default_factory=RecoverConfig)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    tool_use: ToolUseConfig | None = None  # tool calling (examples/tools_grpo.py)
 
     def __post_init__(self) -> None:
         _check_choice("", "weight_update", self.weight_update, ("disk", "distributed", "lora"))

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tool_model import tool_engine, tool_model_dir, tool_tokenizer  # noqa: E402,F401  (session fixtures)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("AREALITE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 

@@ -36,8 +36,9 @@ def load_records(
     """
     if config.type == "arithmetic":
         return make_arithmetic_dataset(
-            config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split
-        )
+            config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split,
+            min_operand=config.min_operand,
+        )  # fmt: skip
     source = dataset if dataset is not None else config.path
     if source is None or isinstance(source, str) and not source:
         raise ConfigError(

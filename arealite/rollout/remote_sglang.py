@@ -126,6 +126,14 @@ class RemoteSGLangEngine:
         if self._session is not None:
             await self._session.close()
 
+    def __enter__(self) -> RemoteSGLangEngine:
+        """`with RemoteSGLangEngine(config) as rollout:` initializes, and destroys on exit (errors included)."""
+        self.initialize()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
     @property
     def loop(self) -> EventLoopThread:
         return self._loop

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -42,6 +42,7 @@ LossWeightFn = Callable[[Batch], float]
 # post_hook(logits [N, V], packed micro-batch) -> per-token result [N, ...]
 PostHook = Callable[[torch.Tensor, Batch], torch.Tensor]
 ModelBuilder = Callable[[str, str], torch.nn.Module]
+_Engine = TypeVar("_Engine", bound="FSDPEngine")
 
 
 def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
@@ -66,6 +67,26 @@ def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
         except ImportError:
             pass
     return varlen_attention.register()
+
+
+# The default process group, when an engine started it (a notebook, a plain script), ends with
+# the last engine destroyed, so a `with` block leaves no group behind; one that was up before
+# (torchrun's, or the caller's init_distributed()) is never ended here.
+_group = {"engines": 0, "started_by_engine": False}
+
+
+def _join_process_group() -> None:
+    if not dist_utils.is_initialized():
+        dist_utils.init_distributed()
+        _group["started_by_engine"] = True
+    _group["engines"] += 1
+
+
+def _leave_process_group() -> None:
+    _group["engines"] -= 1
+    if _group["engines"] == 0 and _group["started_by_engine"]:
+        _group["started_by_engine"] = False
+        dist_utils.destroy_distributed()
 
 
 class FSDPEngine:
@@ -93,12 +114,14 @@ class FSDPEngine:
         self.scheduler = None
         self.weight_update_groups: dict[str, Any] = {}  # group name -> process group (rank 0 only)
         self.version = 0  # weight version of the current parameters; set by the weight sync
+        self._in_process_group = False  # counted among the default group's engines (see _join_process_group)
 
     def initialize(self) -> "FSDPEngine":
         """Join the process group, load and shard the model, build AdamW; collective. Returns self."""
         if self._model is not None:
             return self
-        dist_utils.init_distributed()
+        _join_process_group()
+        self._in_process_group = True
         config = self.config
         self.device = dist_utils.device()
         self.compute_dtype = self._compute_dtype(config.dtype)
@@ -143,10 +166,26 @@ class FSDPEngine:
         return self.version
 
     def destroy(self) -> None:
-        """Drop the model, optimizer and weight-update groups (the default group stays up)."""
+        """Drop the model, optimizer and weight-update groups. The default process group ends
+        with the last engine when an engine started it (one already up, e.g. torchrun's, stays)."""
         for name in list(self.weight_update_groups):
             self.destroy_weight_update_group(name)
         self._model = self.optimizer = self.scheduler = None
+        if self._in_process_group:
+            self._in_process_group = False
+            _leave_process_group()
+
+    def __enter__(self: _Engine) -> _Engine:
+        """`with PPOActor(...) as actor:` initializes, and destroys on exit (errors included)."""
+        try:
+            self.initialize()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
 
     # ---- setup ----
 
