@@ -90,6 +90,9 @@ class InferenceEngineConfig:
     pause_grace_period: float = 0.0  # seconds to sleep after pausing before a weight upload
     health_check_timeout: float = 5.0  # seconds one /health probe may take before the server counts as down
     consumer_batch_size: int | None = None  # trajectories per trained batch (the staleness unit); None: the dataloader's batch size
+    control_timeout: float = 60.0  # seconds one pause / continue / version-check call to a server may take
+    weight_update_timeout: float = 45.0  # distributed weight update: seconds the group may take to form, one broadcast may wait and one server's update call may take; a server past it is excluded (a killed one within a second)
+    stall_timeout: float = 600.0  # seconds rollout_batch / prepare_batch may go without progress before a diagnostic is logged; raised after twice that; 0 disables
     pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
 
     def __post_init__(self) -> None:
@@ -98,6 +101,9 @@ class InferenceEngineConfig:
         if self.max_concurrent_rollouts is not None:
             _check_positive("rollout", "max_concurrent_rollouts", self.max_concurrent_rollouts)
         _check_positive("rollout", "request_timeout", self.request_timeout)
+        for name in ("control_timeout", "weight_update_timeout", "setup_timeout", "health_check_timeout"):
+            _check_positive("rollout", name, getattr(self, name))
+        _check_positive("rollout", "stall_timeout", self.stall_timeout, allow_zero=True)
 
 
 @dataclass
@@ -134,6 +140,26 @@ class MicroBatchSpec:
 
 
 @dataclass
+class LoRAConfig:
+    """A LoRA adapter (peft) on the actor: only its low-rank matrices train (arealite[lora])."""
+
+    rank: int = 8  # r: the adapter's inner dimension
+    alpha: float = 16.0  # the update is scaled by alpha / rank
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # names of the linear layers that get an adapter (SGLang's --lora-target-modules)
+    dropout: float = 0.0  # dropout on the adapter's input, in training only
+
+    def __post_init__(self) -> None:
+        _check_positive("actor.lora", "rank", self.rank)
+        _check_positive("actor.lora", "alpha", self.alpha)
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"actor.lora.dropout={self.dropout} must be in [0, 1)")
+        if not self.target_modules:
+            raise ConfigError("actor.lora.target_modules is empty; name the linear layers to adapt, e.g. [q_proj, v_proj]")
+
+
+@dataclass
 class TrainEngineConfig:
     """The FSDP2 training engine: model, precision, optimizer, micro-batching."""
 
@@ -143,9 +169,12 @@ class TrainEngineConfig:
     cpu_offload: bool = False
     optimizer: OptimizerConfig | None = field(default_factory=OptimizerConfig)  # None: frozen (reference model)
     mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    lora: LoRAConfig | None = None  # train a LoRA adapter instead of every weight (needs weight_update=lora)
 
     def __post_init__(self) -> None:
         _check_choice("actor", "dtype", self.dtype, ("auto", "float32", "bfloat16"))
+        if self.lora is not None and self.optimizer is None:
+            raise ConfigError("a frozen model (optimizer: null, e.g. ref) cannot have a LoRA adapter; set its lora to null")
 
 
 @dataclass
@@ -212,6 +241,8 @@ class PPOCriticConfig(TrainEngineConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lora is not None:
+            raise ConfigError("critic.lora is not supported (the value head must train); set critic.lora to null")
         _check_choice(
             "critic", "loss_agg_mode", self.loss_agg_mode, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
         )
@@ -221,13 +252,16 @@ class PPOCriticConfig(TrainEngineConfig):
 class DatasetConfig:
     """A dataset and its loader."""
 
-    path: str = ""  # jsonl/parquet file or folder; unused for type=arithmetic
-    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl
+    path: str = ""  # what datasets reads: a json/jsonl/parquet/csv/arrow file, a save_to_disk folder, a folder of data files, or a cached hub name (HF_HUB_OFFLINE=1); unused for type=arithmetic
+    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl (generic records in any of path's formats)
+    split: str | None = None  # split of a multi-split source (hub name, folder, DatasetDict); None: train for train_dataset, test for valid_dataset
+    subset: str | None = None  # hub dataset configuration, e.g. main for openai/gsm8k
     batch_size: int = 8  # prompts per step (across all ranks)
     shuffle: bool = True
     num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic)
     max_prompt_tokens: int | None = None  # drop prompts longer than this
-    max_operand: int = 20  # type=arithmetic: operands are drawn from 0..max_operand
+    max_operand: int = 20  # type=arithmetic: operands are drawn from min_operand..max_operand
+    min_operand: int = 0  # type=arithmetic: smallest operand (e.g. 32 with max 99 and ops "*": four-digit products)
     ops: str = "+-"  # type=arithmetic: operators to draw from (any of + - *)
 
     def __post_init__(self) -> None:
@@ -297,7 +331,8 @@ class RecoverConfig:
 
     mode: str = "auto"  # auto: resume when a checkpoint exists | disabled | resume: a checkpoint must exist
     freq_steps: int = 0  # save every this many steps (and after the last); 0: only after the last step
-    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted)
+    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted); >= 2 leaves one to fall back to if the newest is damaged
+    checksum: bool = True  # record each checkpoint file's SHA-256 and verify it before loading (one extra read at save and load); sizes are always checked
 
     def __post_init__(self) -> None:
         _check_choice("recover", "mode", self.mode, ("auto", "disabled", "resume"))
@@ -331,11 +366,23 @@ class SFTConfig:
     batch_size: int = 32  # sequences per step
     lr: float = 1e-3
     seed: int = 0  # data order; makes the warm start deterministic
+    records_fn: str = ""  # "module:function" turning the training records into SFT records, fn(records, tokenizer, config); empty: the records themselves, answer as completion
 
     def __post_init__(self) -> None:
         _check_positive("sft", "steps", self.steps, allow_zero=True)
         _check_positive("sft", "batch_size", self.batch_size)
         _check_positive("sft", "lr", self.lr)
+
+
+@dataclass
+class ToolUseConfig:
+    """Tool calling in rollouts (`arealite.workflow.ToolUseWorkflow`), read by examples/tools_grpo.py."""
+
+    tools: list[str] = field(default_factory=lambda: ["arealite.workflow.tools:Calculator"])  # "module:Class" of each tool, built without arguments
+    max_turns: int = 3  # model replies per sample, the final answer included
+
+    def __post_init__(self) -> None:
+        _check_positive("tool_use", "max_turns", self.max_turns)
 
 
 @dataclass
@@ -348,7 +395,8 @@ class GRPOConfig:
     seed: int = 1
     total_train_steps: int = 10
     tokenizer_path: str = ""  # defaults to actor.path
-    weight_update: str = "disk"  # disk | distributed
+    weight_update: str = "disk"  # disk | distributed | lora (only the actor's LoRA adapter, through /load_lora_adapter)
+    weight_keep_versions: int = 3  # disk: weight versions kept under <run_dir>/weights (older ones are deleted)
     reward_fn: str = ""  # "module:function" of a custom reward; empty: chosen by train_dataset.type
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
@@ -363,10 +411,13 @@ class GRPOConfig:
     recover: RecoverConfig = field(default_factory=RecoverConfig)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    tool_use: ToolUseConfig | None = None  # tool calling (examples/tools_grpo.py)
 
     def __post_init__(self) -> None:
-        _check_choice("", "weight_update", self.weight_update, ("disk", "distributed"))
+        _check_choice("", "weight_update", self.weight_update, ("disk", "distributed", "lora"))
+        self._check_lora()
         self._check_ppo_models()
+        _check_positive("", "weight_keep_versions", self.weight_keep_versions)
         sampled, trained = self.gconfig.temperature, self.actor.temperature
         if sampled > 0 and abs(sampled - trained) > 1e-6:
             # the trainer's logprobs must be those of the distribution the server sampled from
@@ -396,6 +447,22 @@ class GRPOConfig:
             )
         if self.critic is not None and self.critic.optimizer is None:
             raise ConfigError("critic.optimizer is null; a critic is trained, give it an optimizer section")
+
+    def _check_lora(self) -> None:
+        """An adapter trains only if the servers receive it, and only adapter syncs need one."""
+        if self.weight_update == "lora" and self.actor.lora is None:
+            raise ConfigError("weight_update=lora needs an adapter to sync: set actor.lora (e.g. actor.lora.rank=8)")
+        if self.actor.lora is not None and self.weight_update != "lora":
+            raise ConfigError(
+                f"actor.lora is set but weight_update={self.weight_update!r} would sync full weights; set weight_update=lora"
+            )
+        if self.weight_update == "lora" and self.rollout.pause_mode != "abort":
+            # SGLang keeps a paused request on the adapter it started with, and unloading an
+            # adapter waits for its requests: only aborted requests move to the new adapter.
+            raise ConfigError(
+                f"weight_update=lora needs rollout.pause_mode=abort (got {self.rollout.pause_mode!r}): "
+                "requests kept on a paused server would finish on the old adapter"
+            )
 
     @property
     def run_dir(self) -> str:

@@ -76,7 +76,9 @@ def main(argv: list[str]) -> None:
         held_out = held_out_records(config, tokenizer)
         evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size, reward_pool)
 
-    meta_for = init_weight_update(actor, rollout, config.weight_update, config.run_dir, rank)
+    meta_for = init_weight_update(
+        actor, rollout, config.weight_update, config.run_dir, rank, keep_versions=config.weight_keep_versions
+    )
     recover, trained = Recover(config.recover, config.run_dir, rank), EngineGroup(actor, critic=critic)
     resumed = recover.load(trained, feed, stats_logger)
     start, version = (resumed.step + 1, resumed.version) if resumed else (0, 0)

@@ -20,18 +20,20 @@ _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * 
 
 
 def make_arithmetic_dataset(
-    num_samples: int, seed: int = 0, max_operand: int = 20, ops: str = "+-", split: str = "train"
+    num_samples: int, seed: int = 0, max_operand: int = 20, ops: str = "+-", split: str = "train", min_operand: int = 0
 ) -> list[dict[str, Any]]:
     """`num_samples` records `{"id", "messages", "answer"}`; train and test splits differ."""
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
+    if not 0 <= min_operand <= max_operand:
+        raise ValueError(f"min_operand={min_operand} must be in 0..max_operand={max_operand}")
     bad = set(ops) - set(_OPS)
     if bad or not ops:
         raise ValueError(f"ops={ops!r} may only contain {sorted(_OPS)}")
     rng = random.Random(f"{seed}-{split}")
     out = []
     for i in range(num_samples):
-        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        a, b = rng.randint(min_operand, max_operand), rng.randint(min_operand, max_operand)
         op = rng.choice(ops)
         out.append(
             {
