@@ -82,6 +82,7 @@ class InferenceEngineConfig:
 
     max_concurrent_rollouts: int | None = None  # in-flight trajectories; None: the batch size
     max_head_offpolicyness: int = 0  # staleness bound in versions; 0 is synchronous
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal (no learning signal) and keep sampling until the batch is full
     request_timeout: float = 3600.0  # seconds for one /generate call (includes pause windows)
     request_retries: int = 3  # attempts on connection errors and 5xx, with backoff
     setup_timeout: float = 120.0  # seconds to wait for servers to become healthy
@@ -202,9 +203,10 @@ class PPOActorConfig(TrainEngineConfig):
     gamma: float = 1.0  # discount for token-level returns (GAE, KL-in-reward)
     lam: float = 1.0  # GAE lambda
     adv_eps: float = 1e-6  # epsilon in group and batch normalization of advantages
-    max_new_tokens: int | None = None  # generation budget, for the overlong penalty (set to gconfig's)
+    max_new_tokens: int | None = None  # generation budget, for the overlong penalty; None: gconfig.max_new_tokens
     overlong_tokens: int | None = None  # DAPO soft overlong penalty over the last this-many tokens; None: off
     overlong_penalty_factor: float = 1.0  # penalty at the full budget, in reward units
+    mask_no_eos_with_zero: bool = False  # truncated responses (no stop token within the budget) score 0 in their group and get no loss (AReaL's name; TRL: mask_truncated_completions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -216,10 +218,13 @@ class PPOActorConfig(TrainEngineConfig):
         )
         _check_choice("actor", "importance_sampling_level", self.importance_sampling_level, ("token", "sequence"))
         _check_choice("actor", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
-        if self.overlong_tokens is not None and self.max_new_tokens is None:
-            raise ConfigError(
-                f"actor.overlong_tokens={self.overlong_tokens} needs actor.max_new_tokens (the generation budget)"
-            )
+        if self.overlong_tokens is not None:
+            _check_positive("actor", "overlong_tokens", self.overlong_tokens)
+            if self.max_new_tokens is not None and self.overlong_tokens > self.max_new_tokens:
+                raise ConfigError(
+                    f"actor.overlong_tokens={self.overlong_tokens} exceeds actor.max_new_tokens={self.max_new_tokens}; "
+                    "the penalty zone must fit in the generation budget"
+                )
         if self.use_decoupled_loss and not self.recompute_logprob:
             raise ConfigError("actor.use_decoupled_loss=true needs actor.recompute_logprob=true (it uses prox_logp)")
         if self.c_clip is not None and self.c_clip <= 1.0:
@@ -290,8 +295,8 @@ class LauncherConfig:
     server_start_timeout: float = 180.0
     max_server_restarts: int = 0  # restarts per server before the run stops
     setup_commands: list[str] = field(default_factory=list)  # shell commands run once before servers start
-    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task)
-    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task)
+    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task; local built-in server: its torch threads unless OMP_NUM_THREADS is set)
+    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task; local: its torch threads unless OMP_NUM_THREADS is set)
     ray_address: str = ""  # Ray cluster to join ("auto" or host:port); empty: $RAY_ADDRESS, else start a local one
     trainer_nodes: int = 1  # Slurm nodes the trainer ranks span (n_trainers split evenly across them)
     slurm_partition: str = ""  # sbatch --partition; empty: the cluster's default partition
@@ -396,7 +401,8 @@ class GRPOConfig:
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
     actor: PPOActorConfig = field(default_factory=PPOActorConfig)
-    ref: TrainEngineConfig | None = None  # frozen reference model for the KL term
+    ref: TrainEngineConfig | None = None  # frozen reference model for the KL term (actor.kl_ctl); path defaults to actor.path
+    critic: PPOCriticConfig | None = None  # PPO value model: set it to train with GAE on its values; path defaults to actor.path
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
     valid_dataset: DatasetConfig | None = None
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -410,6 +416,7 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         _check_choice("", "weight_update", self.weight_update, ("disk", "distributed", "lora"))
         self._check_lora()
+        self._check_ppo_models()
         _check_positive("", "weight_keep_versions", self.weight_keep_versions)
         sampled, trained = self.gconfig.temperature, self.actor.temperature
         if sampled > 0 and abs(sampled - trained) > 1e-6:
@@ -418,6 +425,28 @@ class GRPOConfig:
                 f"actor.temperature={trained} differs from gconfig.temperature={sampled}; "
                 f"set actor.temperature={sampled} (the loss must use the sampling temperature)"
             )
+
+    def _check_ppo_models(self) -> None:
+        """Fill what the actor, critic and reference model take from elsewhere; check they fit."""
+        actor = self.actor
+        if actor.max_new_tokens is None:
+            actor.max_new_tokens = self.gconfig.max_new_tokens
+        if actor.overlong_tokens is not None and actor.overlong_tokens > actor.max_new_tokens:
+            raise ConfigError(
+                f"actor.overlong_tokens={actor.overlong_tokens} exceeds the generation budget "
+                f"{actor.max_new_tokens} (gconfig.max_new_tokens); lower it"
+            )
+        for name in ("ref", "critic"):
+            model = getattr(self, name)
+            if model is not None and not model.path:
+                model.path = actor.path
+        if actor.kl_ctl > 0 and self.ref is None:
+            raise ConfigError(
+                f"actor.kl_ctl={actor.kl_ctl} needs a reference model: add a `ref:` section "
+                "(e.g. ref.path=<initial policy>; empty path means actor.path), or set actor.kl_ctl=0"
+            )
+        if self.critic is not None and self.critic.optimizer is None:
+            raise ConfigError("critic.optimizer is null; a critic is trained, give it an optimizer section")
 
     def _check_lora(self) -> None:
         """An adapter trains only if the servers receive it, and only adapter syncs need one."""

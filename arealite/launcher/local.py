@@ -85,8 +85,14 @@ def trainer_command(args: LaunchArgs, master_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def trainer_env(server_addrs: list[str], master_port: int, gpus: list[str] | None) -> dict[str, str]:
+def trainer_env(server_addrs: list[str], master_port: int, gpus: list[str] | None, threads: int = 1) -> dict[str, str]:
     env = dict(os.environ, AREAL_LLM_SERVER_ADDRS=",".join(server_addrs))
+    # torch threads per trainer rank = its reserved CPUs (torchrun's default of 1 for several
+    # ranks; a lone rank would take every core and, beside the servers, spin-wait on them:
+    # the CPU main job ran 2.4x slower with 2 threads on 2 cores shared with other jobs,
+    # and the asynchronous one overlaps rollout and training only with a core each).
+    # An OMP_NUM_THREADS already set wins.
+    env.setdefault("OMP_NUM_THREADS", str(threads))
     # The same rendezvous variables torchrun sets, so a one-process run needs no special case.
     env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     env.update(MASTER_ADDR=HOST, MASTER_PORT=str(master_port))
@@ -115,6 +121,8 @@ class LocalRun:
             env = dict(os.environ)
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
+            if backend == "builtin":  # torch threads = its reserved CPUs, as for the trainer (see trainer_env)
+                env.setdefault("OMP_NUM_THREADS", str(launcher.cpus_per_server))
             server = SupervisedServer(
                 name=f"server-{i}",
                 cmd=server_command(self.config, HOST, port, backend),
@@ -141,7 +149,7 @@ class LocalRun:
             "trainer",
             trainer_command(self.args, master_port),
             os.path.join(self.log_dir, "trainer.log"),
-            trainer_env(addrs, master_port, gpus),
+            trainer_env(addrs, master_port, gpus, self.config.launcher.cpus_per_trainer),
         )
         self.trainer.start(echo=True)
         self._record("trainer", self.trainer.pid or -1, "")

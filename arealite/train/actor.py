@@ -59,6 +59,9 @@ class PPOActor(FSDPEngine):
     def compute_advantages(self, batch: Batch) -> Batch:
         """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it.
 
+        With `mask_no_eos_with_zero` it also replaces `loss_mask` by one without the truncated
+        responses (so the critic's update skips them too).
+
         The estimate runs on the trainer's device (the Triton kernels on CUDA) and the results
         come back to the batch's device. Its wall time and backend land in the stats of the
         next `ppo_update` (`time/advantages`, `advantages/backend_triton`: 1 Triton, 0 torch).

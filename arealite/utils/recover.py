@@ -246,3 +246,29 @@ def _write_atomic(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+class EngineGroup:
+    """Engines checkpointed as one, for `Recover.save/load`'s `actor` argument.
+
+    The actor's state goes to the checkpoint's `train_state/` as before; each other engine
+    (e.g. `critic=`) to `train_state.<name>/` beside it, inside the same atomically renamed
+    checkpoint folder. Engines given as None are left out.
+    """
+
+    def __init__(self, actor: Any, **others: Any) -> None:
+        self.actor = actor
+        self.others = {name: engine for name, engine in others.items() if engine is not None}
+
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(path)
+        for name, engine in self.others.items():
+            engine.save_checkpoint(f"{path}.{name}")
+
+    def load_checkpoint(self, path: str) -> None:
+        for name in self.others:
+            if not os.path.isdir(f"{path}.{name}"):
+                raise RecoverError(f"checkpoint {os.path.dirname(path)} has no {name} state; it was written without a {name}")
+        self.actor.load_checkpoint(path)
+        for name, engine in self.others.items():
+            engine.load_checkpoint(f"{path}.{name}")
