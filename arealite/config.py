@@ -82,6 +82,7 @@ class InferenceEngineConfig:
 
     max_concurrent_rollouts: int | None = None  # in-flight trajectories; None: the batch size
     max_head_offpolicyness: int = 0  # staleness bound in versions; 0 is synchronous
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal (no learning signal) and keep sampling until the batch is full
     request_timeout: float = 3600.0  # seconds for one /generate call (includes pause windows)
     request_retries: int = 3  # attempts on connection errors and 5xx, with backoff
     setup_timeout: float = 120.0  # seconds to wait for servers to become healthy
@@ -89,6 +90,9 @@ class InferenceEngineConfig:
     pause_grace_period: float = 0.0  # seconds to sleep after pausing before a weight upload
     health_check_timeout: float = 5.0  # seconds one /health probe may take before the server counts as down
     consumer_batch_size: int | None = None  # trajectories per trained batch (the staleness unit); None: the dataloader's batch size
+    control_timeout: float = 60.0  # seconds one pause / continue / version-check call to a server may take
+    weight_update_timeout: float = 45.0  # distributed weight update: seconds the group may take to form, one broadcast may wait and one server's update call may take; a server past it is excluded (a killed one within a second)
+    stall_timeout: float = 600.0  # seconds rollout_batch / prepare_batch may go without progress before a diagnostic is logged; raised after twice that; 0 disables
     pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
 
     def __post_init__(self) -> None:
@@ -97,6 +101,9 @@ class InferenceEngineConfig:
         if self.max_concurrent_rollouts is not None:
             _check_positive("rollout", "max_concurrent_rollouts", self.max_concurrent_rollouts)
         _check_positive("rollout", "request_timeout", self.request_timeout)
+        for name in ("control_timeout", "weight_update_timeout", "setup_timeout", "health_check_timeout"):
+            _check_positive("rollout", name, getattr(self, name))
+        _check_positive("rollout", "stall_timeout", self.stall_timeout, allow_zero=True)
 
 
 @dataclass
@@ -133,6 +140,26 @@ class MicroBatchSpec:
 
 
 @dataclass
+class LoRAConfig:
+    """A LoRA adapter (peft) on the actor: only its low-rank matrices train (arealite[lora])."""
+
+    rank: int = 8  # r: the adapter's inner dimension
+    alpha: float = 16.0  # the update is scaled by alpha / rank
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # names of the linear layers that get an adapter (SGLang's --lora-target-modules)
+    dropout: float = 0.0  # dropout on the adapter's input, in training only
+
+    def __post_init__(self) -> None:
+        _check_positive("actor.lora", "rank", self.rank)
+        _check_positive("actor.lora", "alpha", self.alpha)
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"actor.lora.dropout={self.dropout} must be in [0, 1)")
+        if not self.target_modules:
+            raise ConfigError("actor.lora.target_modules is empty; name the linear layers to adapt, e.g. [q_proj, v_proj]")
+
+
+@dataclass
 class TrainEngineConfig:
     """The FSDP2 training engine: model, precision, optimizer, micro-batching."""
 
@@ -142,9 +169,12 @@ class TrainEngineConfig:
     cpu_offload: bool = False
     optimizer: OptimizerConfig | None = field(default_factory=OptimizerConfig)  # None: frozen (reference model)
     mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    lora: LoRAConfig | None = None  # train a LoRA adapter instead of every weight (needs weight_update=lora)
 
     def __post_init__(self) -> None:
         _check_choice("actor", "dtype", self.dtype, ("auto", "float32", "bfloat16"))
+        if self.lora is not None and self.optimizer is None:
+            raise ConfigError("a frozen model (optimizer: null, e.g. ref) cannot have a LoRA adapter; set its lora to null")
 
 
 @dataclass
@@ -173,9 +203,10 @@ class PPOActorConfig(TrainEngineConfig):
     gamma: float = 1.0  # discount for token-level returns (GAE, KL-in-reward)
     lam: float = 1.0  # GAE lambda
     adv_eps: float = 1e-6  # epsilon in group and batch normalization of advantages
-    max_new_tokens: int | None = None  # generation budget, for the overlong penalty (set to gconfig's)
+    max_new_tokens: int | None = None  # generation budget, for the overlong penalty; None: gconfig.max_new_tokens
     overlong_tokens: int | None = None  # DAPO soft overlong penalty over the last this-many tokens; None: off
     overlong_penalty_factor: float = 1.0  # penalty at the full budget, in reward units
+    mask_no_eos_with_zero: bool = False  # truncated responses (no stop token within the budget) score 0 in their group and get no loss (AReaL's name; TRL: mask_truncated_completions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -187,10 +218,13 @@ class PPOActorConfig(TrainEngineConfig):
         )
         _check_choice("actor", "importance_sampling_level", self.importance_sampling_level, ("token", "sequence"))
         _check_choice("actor", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
-        if self.overlong_tokens is not None and self.max_new_tokens is None:
-            raise ConfigError(
-                f"actor.overlong_tokens={self.overlong_tokens} needs actor.max_new_tokens (the generation budget)"
-            )
+        if self.overlong_tokens is not None:
+            _check_positive("actor", "overlong_tokens", self.overlong_tokens)
+            if self.max_new_tokens is not None and self.overlong_tokens > self.max_new_tokens:
+                raise ConfigError(
+                    f"actor.overlong_tokens={self.overlong_tokens} exceeds actor.max_new_tokens={self.max_new_tokens}; "
+                    "the penalty zone must fit in the generation budget"
+                )
         if self.use_decoupled_loss and not self.recompute_logprob:
             raise ConfigError("actor.use_decoupled_loss=true needs actor.recompute_logprob=true (it uses prox_logp)")
         if self.c_clip is not None and self.c_clip <= 1.0:
@@ -207,6 +241,8 @@ class PPOCriticConfig(TrainEngineConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lora is not None:
+            raise ConfigError("critic.lora is not supported (the value head must train); set critic.lora to null")
         _check_choice(
             "critic", "loss_agg_mode", self.loss_agg_mode, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
         )
@@ -216,13 +252,16 @@ class PPOCriticConfig(TrainEngineConfig):
 class DatasetConfig:
     """A dataset and its loader."""
 
-    path: str = ""  # jsonl/parquet file or folder; unused for type=arithmetic
-    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl
+    path: str = ""  # what datasets reads: a json/jsonl/parquet/csv/arrow file, a save_to_disk folder, a folder of data files, or a cached hub name (HF_HUB_OFFLINE=1); unused for type=arithmetic
+    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl (generic records in any of path's formats)
+    split: str | None = None  # split of a multi-split source (hub name, folder, DatasetDict); None: train for train_dataset, test for valid_dataset
+    subset: str | None = None  # hub dataset configuration, e.g. main for openai/gsm8k
     batch_size: int = 8  # prompts per step (across all ranks)
     shuffle: bool = True
     num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic)
     max_prompt_tokens: int | None = None  # drop prompts longer than this
-    max_operand: int = 20  # type=arithmetic: operands are drawn from 0..max_operand
+    max_operand: int = 20  # type=arithmetic: operands are drawn from min_operand..max_operand
+    min_operand: int = 0  # type=arithmetic: smallest operand (e.g. 32 with max 99 and ops "*": four-digit products)
     ops: str = "+-"  # type=arithmetic: operators to draw from (any of + - *)
 
     def __post_init__(self) -> None:
@@ -256,8 +295,8 @@ class LauncherConfig:
     server_start_timeout: float = 180.0
     max_server_restarts: int = 0  # restarts per server before the run stops
     setup_commands: list[str] = field(default_factory=list)  # shell commands run once before servers start
-    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task)
-    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task)
+    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task; local built-in server: its torch threads unless OMP_NUM_THREADS is set)
+    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task; local: its torch threads unless OMP_NUM_THREADS is set)
     ray_address: str = ""  # Ray cluster to join ("auto" or host:port); empty: $RAY_ADDRESS, else start a local one
     trainer_nodes: int = 1  # Slurm nodes the trainer ranks span (n_trainers split evenly across them)
     slurm_partition: str = ""  # sbatch --partition; empty: the cluster's default partition
@@ -292,7 +331,8 @@ class RecoverConfig:
 
     mode: str = "auto"  # auto: resume when a checkpoint exists | disabled | resume: a checkpoint must exist
     freq_steps: int = 0  # save every this many steps (and after the last); 0: only after the last step
-    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted)
+    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted); >= 2 leaves one to fall back to if the newest is damaged
+    checksum: bool = True  # record each checkpoint file's SHA-256 and verify it before loading (one extra read at save and load); sizes are always checked
 
     def __post_init__(self) -> None:
         _check_choice("recover", "mode", self.mode, ("auto", "disabled", "resume"))
@@ -326,11 +366,23 @@ class SFTConfig:
     batch_size: int = 32  # sequences per step
     lr: float = 1e-3
     seed: int = 0  # data order; makes the warm start deterministic
+    records_fn: str = ""  # "module:function" turning the training records into SFT records, fn(records, tokenizer, config); empty: the records themselves, answer as completion
 
     def __post_init__(self) -> None:
         _check_positive("sft", "steps", self.steps, allow_zero=True)
         _check_positive("sft", "batch_size", self.batch_size)
         _check_positive("sft", "lr", self.lr)
+
+
+@dataclass
+class ToolUseConfig:
+    """Tool calling in rollouts (`arealite.workflow.ToolUseWorkflow`), read by examples/tools_grpo.py."""
+
+    tools: list[str] = field(default_factory=lambda: ["arealite.workflow.tools:Calculator"])  # "module:Class" of each tool, built without arguments
+    max_turns: int = 3  # model replies per sample, the final answer included
+
+    def __post_init__(self) -> None:
+        _check_positive("tool_use", "max_turns", self.max_turns)
 
 
 @dataclass
@@ -343,12 +395,14 @@ class GRPOConfig:
     seed: int = 1
     total_train_steps: int = 10
     tokenizer_path: str = ""  # defaults to actor.path
-    weight_update: str = "disk"  # disk | distributed
+    weight_update: str = "disk"  # disk | distributed | lora (only the actor's LoRA adapter, through /load_lora_adapter)
+    weight_keep_versions: int = 3  # disk: weight versions kept under <run_dir>/weights (older ones are deleted)
     reward_fn: str = ""  # "module:function" of a custom reward; empty: chosen by train_dataset.type
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
     rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
     actor: PPOActorConfig = field(default_factory=PPOActorConfig)
-    ref: TrainEngineConfig | None = None  # frozen reference model for the KL term
+    ref: TrainEngineConfig | None = None  # frozen reference model for the KL term (actor.kl_ctl); path defaults to actor.path
+    critic: PPOCriticConfig | None = None  # PPO value model: set it to train with GAE on its values; path defaults to actor.path
     train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
     valid_dataset: DatasetConfig | None = None
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -357,15 +411,57 @@ class GRPOConfig:
     recover: RecoverConfig = field(default_factory=RecoverConfig)
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    tool_use: ToolUseConfig | None = None  # tool calling (examples/tools_grpo.py)
 
     def __post_init__(self) -> None:
-        _check_choice("", "weight_update", self.weight_update, ("disk", "distributed"))
+        _check_choice("", "weight_update", self.weight_update, ("disk", "distributed", "lora"))
+        self._check_lora()
+        self._check_ppo_models()
+        _check_positive("", "weight_keep_versions", self.weight_keep_versions)
         sampled, trained = self.gconfig.temperature, self.actor.temperature
         if sampled > 0 and abs(sampled - trained) > 1e-6:
             # the trainer's logprobs must be those of the distribution the server sampled from
             raise ConfigError(
                 f"actor.temperature={trained} differs from gconfig.temperature={sampled}; "
                 f"set actor.temperature={sampled} (the loss must use the sampling temperature)"
+            )
+
+    def _check_ppo_models(self) -> None:
+        """Fill what the actor, critic and reference model take from elsewhere; check they fit."""
+        actor = self.actor
+        if actor.max_new_tokens is None:
+            actor.max_new_tokens = self.gconfig.max_new_tokens
+        if actor.overlong_tokens is not None and actor.overlong_tokens > actor.max_new_tokens:
+            raise ConfigError(
+                f"actor.overlong_tokens={actor.overlong_tokens} exceeds the generation budget "
+                f"{actor.max_new_tokens} (gconfig.max_new_tokens); lower it"
+            )
+        for name in ("ref", "critic"):
+            model = getattr(self, name)
+            if model is not None and not model.path:
+                model.path = actor.path
+        if actor.kl_ctl > 0 and self.ref is None:
+            raise ConfigError(
+                f"actor.kl_ctl={actor.kl_ctl} needs a reference model: add a `ref:` section "
+                "(e.g. ref.path=<initial policy>; empty path means actor.path), or set actor.kl_ctl=0"
+            )
+        if self.critic is not None and self.critic.optimizer is None:
+            raise ConfigError("critic.optimizer is null; a critic is trained, give it an optimizer section")
+
+    def _check_lora(self) -> None:
+        """An adapter trains only if the servers receive it, and only adapter syncs need one."""
+        if self.weight_update == "lora" and self.actor.lora is None:
+            raise ConfigError("weight_update=lora needs an adapter to sync: set actor.lora (e.g. actor.lora.rank=8)")
+        if self.actor.lora is not None and self.weight_update != "lora":
+            raise ConfigError(
+                f"actor.lora is set but weight_update={self.weight_update!r} would sync full weights; set weight_update=lora"
+            )
+        if self.weight_update == "lora" and self.rollout.pause_mode != "abort":
+            # SGLang keeps a paused request on the adapter it started with, and unloading an
+            # adapter waits for its requests: only aborted requests move to the new adapter.
+            raise ConfigError(
+                f"weight_update=lora needs rollout.pause_mode=abort (got {self.rollout.pause_mode!r}): "
+                "requests kept on a paused server would finish on the old adapter"
             )
 
     @property

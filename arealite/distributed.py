@@ -6,6 +6,10 @@ on an in-memory store, so the same training code runs unchanged. The backend is 
 CPU; on CUDA it is nccl for GPU tensors with gloo beside it for CPU tensors (object
 collectives, metadata).
 
+Device (`arealite.devices`): GPU LOCAL_RANK when CUDA is usable, else the CPU;
+`AREALITE_TRAIN_DEVICE=cpu` forces the CPU. With more local ranks than visible GPUs,
+`init_distributed` refuses naming both numbers.
+
 Deliberately absent: tensor/sequence parallelism and multi-dimensional meshes; arealite's
 trainer is data-parallel FSDP2 only.
 """
@@ -18,19 +22,37 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from arealite.devices import DEVICE_ENV, check_gpus_for_ranks, requested_train_device
+
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+def visible_gpu_count() -> int:
+    """CUDA devices this process can use (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_type() -> str:
+    """'cuda' or 'cpu': `$AREALITE_TRAIN_DEVICE` when set, else 'cuda' iff a GPU is visible."""
+    requested = requested_train_device()
+    if requested == "auto":
+        return "cuda" if visible_gpu_count() > 0 else "cpu"
+    if requested == "cuda" and visible_gpu_count() == 0:
+        raise RuntimeError(f"{DEVICE_ENV}=cuda but no CUDA device is visible; unset it to train on the CPU")
+    return requested
+
+
 def default_backend() -> str:
-    """`cpu:gloo,cuda:nccl` when CUDA is usable, else `gloo`."""
-    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    """`cpu:gloo,cuda:nccl` when training on CUDA, else `gloo`."""
+    return "cpu:gloo,cuda:nccl" if device_type() == "cuda" else "gloo"
 
 
 def init_distributed(backend: str | None = None, timeout: float = 1800.0) -> tuple[int, int]:
     """Join torchrun's job, or start a single-process world; returns (rank, world_size).
 
     A no-op when already initialized. `backend` defaults to `default_backend()`. On CUDA
-    the current device is set to LOCAL_RANK before the group is created.
+    the current device is set to LOCAL_RANK before the group is created; with more local
+    ranks than visible GPUs it raises RuntimeError naming both numbers.
     """
     if not dist.is_initialized():
         _init(backend, timeout)
@@ -39,7 +61,9 @@ def init_distributed(backend: str | None = None, timeout: float = 1800.0) -> tup
 
 def _init(backend: str | None, timeout: float) -> None:
     backend = backend or default_backend()
-    if torch.cuda.is_available():
+    if device_type() == "cuda":
+        local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank() + 1))
+        check_gpus_for_ranks(max(local_ranks, local_rank() + 1), visible_gpu_count())
         torch.cuda.set_device(local_rank())
     if all(v in os.environ for v in _TORCHRUN_VARS):
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
@@ -75,8 +99,8 @@ def is_main() -> bool:
 
 
 def device() -> torch.device:
-    """The device this rank computes on: its CUDA device, or the CPU."""
-    if torch.cuda.is_available():
+    """The device this rank computes on: its CUDA device, or the CPU (see `device_type`)."""
+    if device_type() == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

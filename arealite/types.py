@@ -49,8 +49,10 @@ class ModelResponse:
 class WeightUpdateMeta:
     """How to push new weights to the servers."""
 
-    type: str = "disk"  # disk | distributed
-    path: str = ""  # disk: a shared folder the servers can read
+    type: str = "disk"  # disk | distributed | lora
+    path: str = ""  # disk: a shared folder the servers can read (lora: the adapter's folder)
+    lora_name: str = ""  # lora: the name the servers load the adapter under; /generate selects it by this name
+    keep_versions: int = 0  # disk: v<N> folders kept beside `path` once the servers confirm it (0: all)
     version: int = 0
     # distributed: the process group the servers join with the trainer's rank 0
     master_address: str = "127.0.0.1"
@@ -58,6 +60,7 @@ class WeightUpdateMeta:
     group_name: str = "arealite_weight_update"
     weight_chunk_mb: int = 256
     backend: str = "gloo"  # distributed: process-group backend the servers join with (gloo | nccl)
+    timeout: float = 45.0  # distributed: seconds the group may take to form and one collective may wait (rollout.weight_update_timeout)
     # distributed: the trainer's broadcast buckets in order, each a list of (name, dtype, shape);
     # the client sends one /update_weights_from_distributed call per bucket
     buckets: list[list[tuple[str, str, list[int]]]] = field(default_factory=list)

@@ -1,49 +1,63 @@
 """Client-side cost of the rollout orchestration (RemoteSGLangEngine + WorkflowExecutor).
 
-    python benchmarks/rollout_overhead.py [--model-path DIR] [--episodes 2000] [--repeats 3]
+    PYTHONPATH=. python benchmarks/rollout_overhead.py [--model-path DIR] [--pairs 15] [--in-flight 128] \
+        [--max-new-tokens 128] [--smoke]
 
 Three measurements, one run:
 1. Against a stub server that answers at once (a tiny aiohttp app in a separate process,
-   defined below; it is a stub on purpose: it isolates the client's own cost): trajectories/s
-   through submit/wait, with a real workflow building padded trajectories.
-2. The same stub holding every request for a while: the peak number of requests in flight
-   at the stub, to show the client sustains 1,000+ concurrent requests.
-3. Against a real built-in server (`python -m arealite.server`, tiny model unless
-   --model-path), 256 requests in flight: the wall time of the same requests sent raw
-   (bare aiohttp) and orchestrated (rollout_batch with a workflow), in alternating pairs;
-   the client's CPU seconds are printed too. Ends with `overhead_pct=<x>` =
-   (median paired orchestrated / raw - 1) * 100; target <= 5.
+   defined below; a stub on purpose: it isolates the client's own cost): trajectories/s
+   through submit/wait with a real workflow building padded trajectories, and the client's
+   CPU milliseconds per trajectory.
+2. The same stub holding every request for 2 s: the peak number of requests in flight at
+   the stub, to show the client sustains 1,000+ concurrent requests.
+3. The overhead against a real built-in server (tiny model unless --model-path): the same
+   `--in-flight` greedy requests of `--max-new-tokens` tokens (deterministic: both sides
+   get the same tokens, so the server does the same work) sent
+   - raw: bare aiohttp `post` + JSON parse of every request, gathered, and
+   - orchestrated: `rollout_batch` with a workflow that turns the replies into a padded
+     trajectory batch (the path a training script takes),
+   `--pairs` times each, alternating which goes first.
+
+The figure, and why it is CPU time: on a shared 2-core machine the paired wall-time ratio
+of 3. swings by +-20% from one pair to the next (other processes take the cores), far more
+than the few percent to resolve. CPU seconds are steadier. So:
+    overhead_pct = median over pairs of
+        (client CPU s, orchestrated - client CPU s, raw) / server CPU s of the raw run x 100,
+the client work the orchestration adds per unit of generation work. With the client on its
+own core (as a trainer is) and a busy single-threaded server, the wall time can grow by
+this much through the client's own work at most: it would, exactly, if none of that work
+overlapped generation. What it does not see is a change in the server's work (requests
+arriving more spread out, batched worse): both sides' server CPU seconds and decode steps
+are printed next to it for that, and the paired wall-time overhead too. Target: <= 5 with an IQR narrower than 5.
+
+Equal conditions for 3.: both sides run on the same kind of event loop thread with the
+same kind of session (`arealite.rollout.loop.EventLoopThread`,
+`arealite.rollout.transport.make_session`), created once and warmed with a full-size run
+(every connection open), reused for every run; the server has its own CPU (the first of
+ours, 1 torch thread, CPU only) and the client the others. The tiny model is the worst case for the
+ratio: its generation costs ~50 us per token, a real model's far more, while the client's
+cost per token stays the same.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
-import aiohttp  # noqa: E402
-import torch  # noqa: E402
-
-from arealite.config import GenerationHyperparameters, InferenceEngineConfig  # noqa: E402
-from arealite.rollout import RemoteSGLangEngine  # noqa: E402
-from arealite.rollout.batch import trajectory_from_tokens  # noqa: E402
-from arealite.rollout.protocol import generate_body  # noqa: E402
-from arealite.types import ModelRequest  # noqa: E402
-from arealite.workflow import RolloutWorkflow  # noqa: E402
+STUB_HOLD_S = 2.0
 
 
-# ---- the stub server ------------------------------------------------------------------------
+# ---- the stub server (imports nothing heavy: it starts in a fraction of a second) -------------
 
 
 def serve_stub(port: int, delay: float) -> None:
@@ -64,7 +78,7 @@ def serve_stub(port: int, delay: float) -> None:
             state["in_flight"] -= 1
         ids = [(7 * i) % 500 + 3 for i in range(n)]
         meta = {"id": "stub", "finish_reason": {"type": "length", "length": n}, "weight_version": "0",
-                "output_token_logprobs": [[-1.0, t, None] for t in ids]}
+                "output_token_logprobs": [[-1.0, t, None] for t in ids]}  # fmt: skip
         return web.json_response({"output_ids": ids, "meta_info": meta})
 
     async def ok(request: web.Request) -> web.Response:
@@ -76,82 +90,86 @@ def serve_stub(port: int, delay: float) -> None:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "stub", "max_model_len": 4096}]})
 
-    async def reset(request: web.Request) -> web.Response:
-        state["peak"] = 0
-        return web.json_response(state)
-
     app = web.Application()
     app.router.add_post("/generate", generate)
     app.router.add_get("/health", ok)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/stats", stats)
-    app.router.add_post("/reset", reset)
     web.run_app(app, host="127.0.0.1", port=port, print=None, backlog=4096)
 
 
-# ---- helpers --------------------------------------------------------------------------------
+def start_stub(delay: float):
+    """The stub in a subprocess; returns (process, address) once /health answers."""
+    import subprocess
 
+    from arealite.server.process import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], port: int, timeout: float = 180.0) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + timeout
+    port = free_port()
+    cmd = [sys.executable, os.path.abspath(__file__), "--serve-stub", str(port), "--stub-delay", str(delay)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return proc, f"127.0.0.1:{port}"
         except OSError:
-            time.sleep(0.3)
+            time.sleep(0.1)
     proc.kill()
-    raise RuntimeError(f"{cmd} did not become healthy on port {port}")
+    raise RuntimeError(f"the stub server did not answer /health on port {port}")
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc) -> None:
     proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    proc.wait(timeout=15)
 
 
-class BenchWorkflow(RolloutWorkflow):
-    """`group_size` samples of a fixed prompt, built into a padded trajectory (no reward)."""
+# ---- the workflow ---------------------------------------------------------------------------
 
-    def __init__(self, gconfig: GenerationHyperparameters) -> None:
-        self.gconfig = gconfig
 
-    async def arun_episode(self, engine, data):
-        reqs = [ModelRequest(input_ids=data["input_ids"], gconfig=self.gconfig, group_id=data["id"])
-                for _ in range(self.gconfig.group_size)]
-        resps = await asyncio.gather(*(engine.agenerate(r) for r in reqs))
-        traj = trajectory_from_tokens([r.input_tokens for r in resps], [r.output_tokens for r in resps],
-                                      [r.output_logprobs for r in resps], [r.output_versions for r in resps])
-        traj["rewards"] = torch.zeros(len(resps))
-        return traj
+def bench_workflow(group_size: int, max_new_tokens: int, temperature: float):
+    """`group_size` samples of a record's prompt, built into a padded trajectory (no reward)."""
+    import torch
+
+    from arealite.config import GenerationHyperparameters
+    from arealite.rollout.batch import trajectory_from_tokens
+    from arealite.types import ModelRequest
+    from arealite.workflow import RolloutWorkflow
+
+    gconfig = GenerationHyperparameters(group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature)
+
+    class BenchWorkflow(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            reqs = [ModelRequest(input_ids=data["input_ids"], gconfig=gconfig, group_id=data["id"]) for _ in range(group_size)]
+            resps = await asyncio.gather(*(engine.agenerate(r) for r in reqs))
+            traj = trajectory_from_tokens([r.input_tokens for r in resps], [r.output_tokens for r in resps],
+                                          [r.output_logprobs for r in resps], [r.output_versions for r in resps])  # fmt: skip
+            traj["rewards"] = torch.zeros(len(resps))
+            return traj
+
+    return BenchWorkflow(), gconfig
 
 
 def records(n: int) -> list[dict]:
     return [{"id": f"b{i}", "input_ids": [3 + (i * 13 + j) % 400 for j in range(24)]} for i in range(n)]
 
 
-# ---- measurements ---------------------------------------------------------------------------
+def engine_for(address: str, **config):
+    from arealite.config import InferenceEngineConfig
+    from arealite.rollout import RemoteSGLangEngine
+
+    engine = RemoteSGLangEngine(InferenceEngineConfig(**config), [address])
+    engine.initialize()
+    return engine
+
+
+# ---- 1 and 2: the stub ----------------------------------------------------------------------
 
 
 def stub_throughput(address: str, episodes: int) -> tuple[float, float]:
     """Trajectories per second, and client CPU seconds per trajectory."""
-    gconfig = GenerationHyperparameters(group_size=1, max_new_tokens=16)
-    config = InferenceEngineConfig(max_concurrent_rollouts=1024, max_head_offpolicyness=10**6)
-    engine = RemoteSGLangEngine(config, [address])
-    engine.initialize()
+    workflow, _ = bench_workflow(1, 16, 1.0)
+    engine = engine_for(address, max_concurrent_rollouts=1024, max_head_offpolicyness=10**6)
     try:
-        workflow = BenchWorkflow(gconfig)
         engine.rollout_batch(records(64), workflow)  # warm up connections
         start_t, cpu = time.perf_counter(), time.process_time()
         for record in records(episodes):
@@ -163,104 +181,125 @@ def stub_throughput(address: str, episodes: int) -> tuple[float, float]:
 
 
 def stub_peak_in_flight(address: str, episodes: int) -> int:
-    gconfig = GenerationHyperparameters(group_size=1, max_new_tokens=4)
-    config = InferenceEngineConfig(max_concurrent_rollouts=episodes, max_head_offpolicyness=10**6)
-    engine = RemoteSGLangEngine(config, [address])
-    engine.initialize()
+    workflow, _ = bench_workflow(1, 4, 1.0)
+    engine = engine_for(address, max_concurrent_rollouts=episodes, max_head_offpolicyness=10**6)
     try:
-        urllib.request.urlopen(urllib.request.Request(f"http://{address}/reset", data=b"{}"), timeout=5).read()
-        engine.rollout_batch(records(episodes), BenchWorkflow(gconfig))
-        import json
-
+        engine.rollout_batch(records(episodes), workflow)
         with urllib.request.urlopen(f"http://{address}/stats", timeout=5) as r:
             return int(json.loads(r.read())["peak"])
     finally:
         engine.destroy()
 
 
-async def raw_run(address: str, bodies: list[dict]) -> float:
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+# ---- 3: the real server ---------------------------------------------------------------------
 
+
+def server_overhead(address: str, server_pid: int, in_flight: int, pairs: int, max_new_tokens: int) -> dict[str, list[float]]:
+    """Per-run wall, client CPU and server CPU seconds of the raw and orchestrated sides, `pairs` each."""
+    from arealite.rollout.loop import EventLoopThread
+    from arealite.rollout.protocol import generate_body
+    from arealite.rollout.transport import make_session
+
+    group = 4
+    workflow, gconfig = bench_workflow(group, max_new_tokens, 0.0)  # greedy: the same tokens on both sides
+    data = records(in_flight // group)
+    bodies = [generate_body(r["input_ids"], gconfig, max_new_tokens) for r in data for _ in range(group)]
+    engine = engine_for(address, max_concurrent_rollouts=len(data))
+    raw_loop = EventLoopThread("raw-client")  # the same machinery the engine runs on
+    raw_loop.start()
+
+    async def open_session():
+        return make_session()
+
+    session = raw_loop.run(open_session())
+
+    async def raw_all() -> None:
         async def one(body: dict) -> None:
             async with session.post(f"http://{address}/generate", json=body) as resp:
-                await resp.json()
+                json.loads(await resp.read())
 
-        start_t = time.perf_counter()
         await asyncio.gather(*(one(b) for b in bodies))
-        return time.perf_counter() - start_t
 
+    def decode_steps() -> int:
+        with urllib.request.urlopen(f"http://{address}/get_server_info", timeout=30) as r:
+            return int(json.loads(r.read())["internal_states"][0]["decode_steps"])
 
-def server_overhead(address: str, in_flight: int, repeats: int, max_new_tokens: int) -> dict[str, float]:
-    """Median wall times of raw and orchestrated runs, the median of their paired ratios, and
-    the client's CPU seconds per run (the part of the cost that is ours, free of the noise
-    other processes add to wall time)."""
-    gconfig = GenerationHyperparameters(group_size=4, max_new_tokens=max_new_tokens, temperature=0.0)
-    data = records(in_flight // gconfig.group_size)
-    bodies = [generate_body(r["input_ids"], gconfig, max_new_tokens) for r in data for _ in range(gconfig.group_size)]
-    engine = RemoteSGLangEngine(InferenceEngineConfig(max_concurrent_rollouts=in_flight), [address])
-    engine.initialize()
-    workflow = BenchWorkflow(gconfig)
+    def timed(fn) -> tuple[float, float, float, int]:
+        steps, server = decode_steps(), harness.tree_cpu_seconds(server_pid)
+        cpu, start = time.process_time(), time.perf_counter()
+        fn()
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+        return wall, cpu, harness.tree_cpu_seconds(server_pid) - server, decode_steps() - steps
 
-    def raw() -> tuple[float, float]:
-        cpu = time.process_time()
-        return asyncio.run(raw_run(address, bodies)), time.process_time() - cpu
-
-    def orchestrated() -> tuple[float, float]:
-        cpu, start_t = time.process_time(), time.perf_counter()
-        engine.rollout_batch(data, workflow)
-        return time.perf_counter() - start_t, time.process_time() - cpu
-
-    runs: dict[str, list[tuple[float, float]]] = {"raw": [], "orchestrated": []}
+    sides = {"raw": lambda: raw_loop.run(raw_all()), "orchestrated": lambda: engine.rollout_batch(data, workflow)}
+    keys = ("", "_cpu", "_server_cpu", "_steps")
+    out: dict[str, list[float]] = {f"{n}{x}": [] for n in sides for x in keys}
     try:
-        engine.rollout_batch(data[:4], workflow)  # warm up
-        for i in range(repeats):  # alternate which goes first, so drift hits both alike
-            order = [("raw", raw), ("orchestrated", orchestrated)]
-            for name, fn in order if i % 2 == 0 else order[::-1]:
-                runs[name].append(fn())
+        for fn in sides.values():  # warm up: every connection of both sessions open, allocators warm
+            fn()
+        for i in range(pairs):
+            for name in harness.order(i, list(sides)):
+                for x, value in zip(keys, timed(sides[name])):
+                    out[f"{name}{x}"].append(value)
     finally:
+        raw_loop.run(session.close())
+        raw_loop.stop()
         engine.destroy()
-    ratios = [o[0] / r[0] for r, o in zip(runs["raw"], runs["orchestrated"])]
-    return {
-        "raw": statistics.median(w for w, _ in runs["raw"]),
-        "orchestrated": statistics.median(w for w, _ in runs["orchestrated"]),
-        "ratio": statistics.median(ratios),
-        "raw_cpu": statistics.median(c for _, c in runs["raw"]),
-        "orchestrated_cpu": statistics.median(c for _, c in runs["orchestrated"]),
-    }
+    return out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve-stub", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--stub-delay", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--model-path", default=None, help="model for the built-in server (default: a tiny one)")
     parser.add_argument("--episodes", type=int, default=2000, help="trajectories in the stub throughput run")
-    parser.add_argument("--in-flight", type=int, default=1200, help="requests held open in the concurrency run")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--stub-in-flight", type=int, default=1200, help="requests held open in the concurrency run")
+    parser.add_argument("--in-flight", type=int, default=128, help="requests per run against the real server")
+    parser.add_argument("--pairs", type=int, default=15, help="paired runs (raw and orchestrated, alternating order)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--smoke", action="store_true", help="a few seconds: small runs, 2 pairs")
     args = parser.parse_args()
     if args.serve_stub is not None:
         serve_stub(args.serve_stub, args.stub_delay)
         return
+    if args.smoke:
+        args.episodes, args.stub_in_flight, args.in_flight, args.pairs, args.max_new_tokens = 64, 64, 16, 2, 4
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpus, client_cpus = {cpus[0]}, set(cpus[1:]) or {cpus[0]}
+    print(harness.machine_line())
+    print(harness.commit_line())
+    print(f"resources: stub / built-in server on CPU {sorted(server_cpus)} (1 torch thread), client (this process: "
+          f"its event loop threads) on CPUs {sorted(client_cpus)}")  # fmt: skip
+    stub_measurements(args, server_cpus, client_cpus)
+    m = real_server_measurement(args, server_cpus, client_cpus)
+    report(args, m)
 
-    me = [sys.executable, str(Path(__file__).resolve())]
-    port = free_port()
-    stub = start(me + ["--serve-stub", str(port)], port)
+
+def stub_measurements(args: argparse.Namespace, server_cpus: set[int], client_cpus: set[int]) -> None:
+    """1 and 2 of the module docstring: the stub server, so only the client's cost shows."""
+    os.sched_setaffinity(0, server_cpus)  # the servers started below inherit it
+    stub, address = start_stub(0.0)
+    os.sched_setaffinity(0, client_cpus)
     try:
-        rate, cpu = stub_throughput(f"127.0.0.1:{port}", args.episodes)
+        rate, cpu = stub_throughput(address, args.episodes)
     finally:
         stop(stub)
     print(f"stub server (answers at once): {rate:.0f} trajectories/s through submit/wait, "
-          f"client CPU {cpu * 1e3:.2f} ms per trajectory")
-
-    port = free_port()
-    stub = start(me + ["--serve-stub", str(port), "--stub-delay", "2.0"], port)
+          f"client CPU {cpu * 1e3:.2f} ms per trajectory")  # fmt: skip
+    os.sched_setaffinity(0, server_cpus)
+    stub, address = start_stub(STUB_HOLD_S)
+    os.sched_setaffinity(0, client_cpus)
     try:
-        peak = stub_peak_in_flight(f"127.0.0.1:{port}", args.in_flight)
+        peak = stub_peak_in_flight(address, args.stub_in_flight)
     finally:
         stop(stub)
-    print(f"stub server (holds each request 2 s): peak_in_flight={peak}")
+    print(f"stub server (holds each request {STUB_HOLD_S:.0f} s): peak_in_flight={peak}")
+
+
+def real_server_measurement(args: argparse.Namespace, server_cpus: set[int], client_cpus: set[int]) -> dict[str, list[float]]:
+    """3 of the module docstring: raw vs orchestrated against a built-in server on its own CPU."""
+    from arealite.server.process import launch_server_process
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model_path
@@ -268,19 +307,27 @@ def main() -> None:
             from arealite.tools.tiny_model import build_tiny_model
 
             model = build_tiny_model(os.path.join(tmp, "tiny"), seed=0)
-        port = free_port()
-        server = start([sys.executable, "-m", "arealite.server", "--model-path", model, "--port", str(port),
-                        "--max-running-requests", "256", "--torch-threads", "1"], port)
-        try:
-            m = server_overhead(f"127.0.0.1:{port}", 256, args.repeats, args.max_new_tokens)
-        finally:
-            stop(server)
-    print(
-        f"built-in server, 256 in flight, {args.max_new_tokens} new tokens, median of {args.repeats}: "
-        f"raw {m['raw']:.3f}s, orchestrated {m['orchestrated']:.3f}s, paired ratio {m['ratio']:.3f}; "
-        f"client CPU raw {m['raw_cpu']:.3f}s, orchestrated {m['orchestrated_cpu']:.3f}s"
-    )
-    print(f"overhead_pct={(m['ratio'] - 1) * 100:.2f}")
+        os.sched_setaffinity(0, server_cpus)
+        server = launch_server_process(model, extra_args=["--max-running-requests", str(args.in_flight), "--torch-threads", "1"],
+                                       env=harness.CPU_ONLY, log_path=os.path.join(tmp, "server.log"))  # fmt: skip
+        os.sched_setaffinity(0, client_cpus)
+        with server:
+            return server_overhead(server.address, server.proc.pid, args.in_flight, args.pairs, args.max_new_tokens)
+
+
+def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
+    pct = [(o / r - 1) * 100 for r, o in zip(m["raw"], m["orchestrated"])]
+    cpu_pct = [(o - r) / s * 100 for r, o, s in zip(m["raw_cpu"], m["orchestrated_cpu"], m["raw_server_cpu"])]
+    print(f"built-in server, {args.in_flight} requests in flight, {args.max_new_tokens} new tokens, {args.pairs} pairs:")
+    for name in ("raw", "orchestrated"):
+        print(f"  {name:<12} wall s: {harness.spread(m[name], '.3f')}")
+        print(f"  {name:<12} client CPU s: {harness.spread(m[name + '_cpu'], '.3f')}")
+        print(f"  {name:<12} server CPU s: {harness.spread(m[name + '_server_cpu'], '.3f')}")
+        print(f"  {name:<12} server decode steps: {harness.spread(m[name + '_steps'], '.0f')}")
+    print(f"  wall-time overhead, % (paired; for reference, noisy on a shared machine): {harness.spread(pct, '.2f')}")
+    print(f"  extra client CPU / server CPU, % (paired; the figure): {harness.spread(cpu_pct, '.2f')}")
+    print(harness.load_line())
+    print(f"overhead_pct={harness.quartiles(cpu_pct)[2]:.2f}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,30 @@
-"""Output tokens/s of the built-in server at several concurrencies vs sequential `model.generate`.
+"""Output tokens/s of the built-in server vs HF `model.generate`, batched and one at a time.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/server_throughput.py [--model-path DIR] [--max-new-tokens 64]
+    PYTHONPATH=. python benchmarks/server_throughput.py [--model-path DIR] [--concurrency 32] \
+        [--requests 256] [--repeats 5] [--threads 1] [--engine-cpus 0] [--client-cpus 1] [--smoke]
 
-Both sides run the same weights with the same torch thread count in one run: the baseline
-is transformers' `model.generate` (KV cache, greedy, one request at a time) in this
-process; the server is `python -m arealite.server` driven by `concurrency` closed-loop HTTP
-clients. Every request generates exactly `--max-new-tokens` tokens (EOS ignored). The last
-line is `speedup_at_32=<server tok/s at concurrency 32 / sequential tok/s>`.
+The workload is `--requests` requests of mixed lengths (prompts of 16-128 random tokens,
+each with its own budget of 16-256 new tokens; EOS also ends a request), the same on every
+side, sampled the same way: temperature 1.0, no top-k/top-p, no penalties. Three sides,
+each on the same `--engine-cpus` with the same `--threads` torch threads (CPU only: CUDA
+devices are hidden), alternating
+within each of `--repeats` paired repeats (every side reloads nothing between repeats):
+
+- server: `python -m arealite.server` (continuous batching) driven by `--concurrency`
+  closed-loop HTTP clients, one warm aiohttp session, running in this process on
+  `--client-cpus` (the client is the user's program, as a trainer would be).
+- batched: what a user of transformers would do with the same requests: `model.generate`
+  on batches of `--concurrency` left-padded prompts with `max_new_tokens` = the largest
+  budget of the batch (generate takes one budget per call), each row's output cut to its
+  own budget afterwards. A worker process on `--engine-cpus`.
+- sequential: `model.generate` one request at a time (each with its own budget), on the
+  first 8 requests, in the same worker.
+
+Throughput counts useful tokens only (each request's output up to its budget or EOS).
+Prints every repeat, the spread (min/IQR/median/max) of the paired ratios, then
+`speedup_at_32=<median server / sequential>` and last
+`speedup_vs_batched_generate=<median server / batched>` (the concurrency in the names is
+`--concurrency`; 32 by default).
 """
 
 from __future__ import annotations
@@ -15,87 +33,192 @@ import argparse
 import asyncio
 import os
 import random
+import sys
 import tempfile
 import time
+from contextlib import contextmanager
 
-import aiohttp
-import torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
 
-from arealite.server.process import launch_server_process
-
-
-def sequential_generate(model_path: str, prompts: list[list[int]], max_new_tokens: int) -> float:
-    """Tokens/s of plain `model.generate`, one prompt after another."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    model.eval()
-    kwargs = dict(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
-    with torch.no_grad():
-        model.generate(torch.tensor([prompts[0]]), **kwargs)  # warm up
-        start = time.perf_counter()
-        tokens = 0
-        for p in prompts:
-            out = model.generate(torch.tensor([p]), **kwargs)
-            tokens += out.shape[1] - len(p)
-    return tokens / (time.perf_counter() - start)
+SEQUENTIAL_REQUESTS = 8
 
 
-async def server_throughput(url: str, prompts: list[list[int]], concurrency: int, max_new_tokens: int) -> float:
-    """Tokens/s with `concurrency` clients each sending its next request when the last returns."""
-    queue = list(prompts)
+def workload(n: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt token ids, max_new_tokens) pairs of mixed lengths."""
+    rng = random.Random(seed)
+    return [([rng.randrange(3, vocab) for _ in range(rng.randint(16, 128))], rng.randint(16, 256)) for _ in range(n)]
+
+
+# ---- the transformers side (a worker process) ------------------------------------------------
+
+
+def hf_setup(args: argparse.Namespace):
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    eos = GenerationConfig.from_pretrained(args.model).eos_token_id
+    return model, eos
+
+
+def _useful(row: list[int], budget: int, eos: int) -> int:
+    """Tokens of a generated row that the request asked for: up to its budget, EOS included."""
+    row = row[:budget]
+    return row.index(eos) + 1 if eos in row else len(row)
+
+
+def hf_run(state, req: dict) -> dict:
+    """Generate every request of `req["work"]`, batched by `req["batch"]`; returns seconds and useful tokens."""
+    import torch
+
+    model, eos = state
+    work, batch = req["work"], req["batch"]
+    torch.manual_seed(req["seed"])
+    tokens, start = 0, time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(work), batch):
+            chunk = work[i : i + batch]
+            width = max(len(p) for p, _ in chunk)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p, _ in chunk])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max(b for _, b in chunk), do_sample=True,
+                temperature=1.0, top_k=0, top_p=1.0, eos_token_id=eos, pad_token_id=0,
+            )  # fmt: skip
+            tokens += sum(_useful(row, b, eos) for row, (_, b) in zip(out[:, width:].tolist(), chunk))
+    return {"seconds": time.perf_counter() - start, "tokens": tokens}
+
+
+# ---- the server side (HTTP clients in this process) ------------------------------------------
+
+
+async def serve_all(session, url: str, work: list[tuple[list[int], int]], concurrency: int) -> tuple[float, int]:
+    """`concurrency` closed-loop clients over `work`; returns (seconds, useful tokens)."""
+    queue = list(reversed(work))
     tokens = 0
 
-    async def client(session: aiohttp.ClientSession) -> None:
+    async def client() -> None:
         nonlocal tokens
         while queue:
-            prompt = queue.pop()
-            body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0, "ignore_eos": True}}
-            async with session.post(f"{url}/generate", json=body) as r:
+            prompt, budget = queue.pop()
+            params = {"max_new_tokens": budget, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
+            async with session.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": params}) as r:
                 out = await r.json()
             tokens += out["meta_info"]["completion_tokens"]
 
-    timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        start = time.perf_counter()
-        await asyncio.gather(*[client(session) for _ in range(concurrency)])
-        return tokens / (time.perf_counter() - start)
+    start = time.perf_counter()
+    await asyncio.gather(*[client() for _ in range(concurrency)])
+    return time.perf_counter() - start, tokens
+
+
+@contextmanager
+def affinity(cpus: set[int]):
+    """Run the block with this process pinned to `cpus` (children started inside inherit it)."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None, help="defaults to a fresh tiny Qwen2 (arealite.tools.tiny_model)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--baseline-requests", type=int, default=8)
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    a = p.parse_args()
-    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
-    torch.set_num_threads(threads)
-    if a.model_path is not None:
-        run(a, a.model_path, threads)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--requests", type=int, default=256, help="requests per run; many per client, so the steady state dominates")
+    p.add_argument("--repeats", type=int, default=5, help="paired repeats (all sides, alternating order)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the generate worker")
+    p.add_argument("--engine-cpus", default=None, help="CPUs of the server and of the generate worker (default: CPU 0 of ours)")
+    p.add_argument("--client-cpus", default=None, help="CPUs of the HTTP clients (default: our other CPUs)")
+    p.add_argument("--smoke", action="store_true", help="a few seconds: 4 short requests, 1 repeat (checks the script runs)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        harness.serve_runs(lambda: hf_setup(args), hf_run)
         return
-    from arealite.tools.tiny_model import build_tiny_model
+    if args.smoke:
+        args.concurrency, args.requests, args.repeats = 4, 4, 1
+    ours = sorted(os.sched_getaffinity(0))
+    engine_cpus = harness.cpu_set(args.engine_cpus) if args.engine_cpus else {ours[0]}
+    client_cpus = harness.cpu_set(args.client_cpus) if args.client_cpus else (set(ours) - engine_cpus or engine_cpus)
+    with tempfile.TemporaryDirectory(prefix="server_throughput_") as tmp:
+        model = args.model_path
+        if model is None:
+            from arealite.tools.tiny_model import build_tiny_model
 
-    with tempfile.TemporaryDirectory(prefix="bench_tiny_") as tmp:
-        run(a, build_tiny_model(tmp), threads)
+            model = build_tiny_model(os.path.join(tmp, "model"))
+        run(args, model, engine_cpus, client_cpus, tmp)
 
 
-def run(a: argparse.Namespace, model_path: str, threads: int) -> None:
-    rng = random.Random(0)
-    prompts = [[rng.randrange(0, 500) for _ in range(rng.randint(16, 48))] for _ in range(256)]
+def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus: set[int], tmp: str) -> None:
+    import json
 
-    baseline = sequential_generate(model_path, prompts[: a.baseline_requests], a.max_new_tokens)
-    print(f"threads={threads} max_new_tokens={a.max_new_tokens}")
-    print(f"sequential model.generate: {baseline:9.1f} tok/s")
-    results = {}
-    with launch_server_process(model_path, env={"OMP_NUM_THREADS": str(threads)}) as server:
-        asyncio.run(server_throughput(server.url, prompts[:8], 4, 8))  # warm up
-        for c in a.concurrency:
-            n_requests = max(2 * c, 16)
-            results[c] = asyncio.run(server_throughput(server.url, prompts[:n_requests], c, a.max_new_tokens))
-            print(f"server concurrency {c:3d}:    {results[c]:9.1f} tok/s  ({results[c] / baseline:5.2f}x)")
-    if 32 in results:
-        print(f"speedup_at_32={results[32] / baseline:.2f}")
+    import aiohttp
+
+    from arealite.server.process import launch_server_process
+
+    with open(os.path.join(model, "config.json")) as f:  # not transformers: its import costs seconds
+        work = workload(args.requests, json.load(f)["vocab_size"])
+    if args.smoke:
+        work = [(p[:16], 8) for p, _ in work]
+    seq_work = work[:SEQUENTIAL_REQUESTS]
+    print(harness.machine_line())
+    print(harness.commit_line())
+    print(f"workload: {len(work)} requests, prompts {min(len(p) for p, _ in work)}-{max(len(p) for p, _ in work)} tokens, "
+          f"budgets {min(b for _, b in work)}-{max(b for _, b in work)} new tokens (sum {sum(b for _, b in work)}), "
+          f"temperature 1.0, EOS stops; concurrency {args.concurrency}; {args.repeats} paired repeats")  # fmt: skip
+    argv = [os.path.abspath(__file__), "--worker", "--model", model, "--threads", str(args.threads)]
+    env = {"OMP_NUM_THREADS": str(args.threads), **harness.CPU_ONLY}
+    server_args = ["--torch-threads", str(args.threads), "--max-running-requests", str(max(args.concurrency, 1)), "--random-seed", "0"]
+    with affinity(engine_cpus):  # the worker and the server inherit it, every thread included
+        hf = harness.SideProcess("generate", argv, engine_cpus, os.path.join(tmp, "generate.log"), env)
+        server = launch_server_process(model, extra_args=server_args, env=env, log_path=os.path.join(tmp, "server.log"))
+    with hf, server, affinity(client_cpus):
+        print(f"resources: server and generate worker each pinned to CPUs {sorted(engine_cpus)} with {args.threads} torch "
+              f"thread(s); HTTP clients (this process) on CPUs {sorted(client_cpus)}")  # fmt: skip
+        for line in harness.process_tree(server.proc.pid) + hf.ready["resources"]:
+            print(f"  {line}")
+        loop = asyncio.new_event_loop()
+
+        async def new_session() -> aiohttp.ClientSession:  # aiohttp wants a running loop
+            return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600), connector=aiohttp.TCPConnector(limit=0))
+
+        session = loop.run_until_complete(new_session())
+        # warm up both sides (allocators, the session's connections) before any clock
+        loop.run_until_complete(serve_all(session, server.url, work[: args.concurrency], args.concurrency))
+        hf.run(work=work[: args.concurrency], batch=args.concurrency, seed=0)
+        sides = {
+            "server": lambda i: loop.run_until_complete(serve_all(session, server.url, work, args.concurrency)),
+            "batched": lambda i: tuple(hf.run(work=work, batch=args.concurrency, seed=i).values()),
+            "sequential": lambda i: tuple(hf.run(work=seq_work, batch=1, seed=i).values()),
+        }
+        rates: dict[str, list[float]] = {name: [] for name in sides}
+        print("repeat  side        seconds  tokens   tok/s")
+        for i in range(args.repeats):
+            for name in harness.order(i, list(sides)):
+                seconds, tokens = sides[name](i)
+                rates[name].append(tokens / seconds)
+                print(f"{i:6d}  {name:<10} {seconds:8.2f} {tokens:7d} {tokens / seconds:7.0f}")
+        loop.run_until_complete(session.close())
+        loop.close()
+    report(args, rates)
+
+
+def report(args: argparse.Namespace, rates: dict[str, list[float]]) -> None:
+    vs_batched = [s / b for s, b in zip(rates["server"], rates["batched"])]
+    vs_seq = [s / q for s, q in zip(rates["server"], rates["sequential"])]
+    for name, r in rates.items():
+        print(f"{name:<10} tok/s: {harness.spread(r, '.0f')}")
+    print(f"server / sequential generate: {harness.spread(vs_seq)}")
+    print(f"server / batched generate:    {harness.spread(vs_batched)}")
+    print(harness.load_line())
+    c = args.concurrency
+    print(f"speedup_at_{c}={harness.quartiles(vs_seq)[2]:.2f}")
+    print(f"speedup_vs_batched_generate={harness.quartiles(vs_batched)[2]:.2f}")
 
 
 if __name__ == "__main__":

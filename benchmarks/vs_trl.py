@@ -1,65 +1,61 @@
-"""GRPO steps/s of arealite next to TRL's GRPOTrainer: same model, task, batch and lengths, one run.
+"""GRPO wall time of arealite next to TRL's GRPOTrainer at equal cores: same model, task,
+batch, lengths and optimizer, N steps timed from the first, one run.
 
-    PYTHONPATH=. python benchmarks/vs_trl.py [--steps 8] [--batch-size 8] [--group-size 4] \
-        [--max-new-tokens 128] [--threads 1] [--offpolicyness 2] [--pause-mode in_place] \
-        [--no-sync-baseline] [--repeats 1]
+    PIP_CONSTRAINT=constraints.txt pip install -e '.[bench]'          # TRL, an optional extra
+    PYTHONPATH=. python benchmarks/vs_trl.py [--steps 8] [--repeats 5] [--cpus 0,1] \
+        [--batch-size 8] [--group-size 4] [--max-new-tokens 128] [--offpolicyness 2] [--smoke]
 
-Needs TRL (`pip install -e .[bench]`). Both sides train the tiny random Qwen2 from
-`arealite.tools.tiny_model` on the synthetic arithmetic task with the same prompts, group
-size, generation budget (EOS ends a sample early on both sides), temperature 1.0, learning
-rate, clip range, group-normalised advantages, token-mean loss, no KL, one optimizer step
-per batch. Each side runs in its own subprocess with `--threads` torch threads per process:
+What is the same on both sides: the tiny random Qwen2 (arealite.tools.tiny_model) and its
+tokenizer (ChatML template), the synthetic arithmetic prompts in the same order,
+`--batch-size` prompts x `--group-size` samples per step, at most `--max-new-tokens` new
+tokens (EOS ends a sample early on both sides), temperature 1.0 with no top-p/top-k, AdamW
+at lr 1e-3 constant, gradient clipping 1.0, clip range 0.2, group-normalised advantages,
+token-mean loss over the batch, no KL term, one optimizer step per batch, the same reward
+function.
 
-- TRL: `GRPOTrainer` on CPU without vLLM; generation is `model.generate` inside the trainer.
-- arealite: one built-in server (`python -m arealite.server`) plus the training loop of
-  examples/gsm8k_grpo.py in-process: rollout over HTTP, PPO update (prox_logp from the
-  update's own forward), disk weight sync every step. By default twice: asynchronously at
-  `--offpolicyness 2` with the decoupled loss (as configs/gsm8k_grpo.yaml) and
-  `--pause-mode in_place`, and synchronously at k=0 (on-policy, like TRL).
+Resources (CPU only: CUDA devices are hidden from every side): every side runs in its own
+process tree, pinned (sched_setaffinity before it starts, inherited by every thread and
+child) to the same `--cpus` (default: all of ours), with the same budget of torch compute
+threads = the number of those CPUs:
+- TRL: one process (`GRPOTrainer` on CPU, no vLLM: generation is `model.generate` inside
+  the trainer) with its fastest thread count within the budget: a calibration run of 2
+  steps per `--trl-threads` count (default: 1 and the whole budget) picks it before the
+  timed repeats. On this tiny model one thread wins: OpenMP threads of a small matmul
+  mostly wait on each other, and on a busy machine they spin (2 threads measured 2-15x
+  slower than 1);
+- arealite: a built-in server process (generation over HTTP) and the trainer process of
+  examples/gsm8k_grpo.py (packed sequences, disk weight sync every step), each with half
+  the threads, plus 2 reward worker processes; run twice: synchronously at k=0 (on-policy,
+  like TRL) and asynchronously at k=`--offpolicyness` (decoupled loss, pause_mode in_place).
+The resources line printed for each side is read from the live process tree.
 
-The first step of each run is a warm-up and is not timed. Prints per-step wall time,
-samples/s and mean reward for every side, `arealite_sync_vs_trl_speedup=<x>` for k=0, and
-last `arealite_vs_trl_speedup=<TRL s/step / arealite s/step at --offpolicyness>`.
+Timing: each side's processes are started once (imports, model files, server, reward
+workers; arealite's k=0 and k=offpolicyness runs share one server and one trainer process);
+each run loads a fresh model from the initial weights, then the clock runs from the start
+of the first step to the end of the last (the first step's warm-up and an asynchronous
+run's pipeline fill are paid). The sides run one after another, alternating order, for
+`--repeats` paired repeats; each repeat gives one ratio per arealite setting. Prints every
+run, CPU seconds, completion lengths and rewards per side, the spread of the ratios, then
+`arealite_sync_vs_trl_equal_cores=<median TRL / arealite k=0>` and last
+`arealite_vs_trl_equal_cores=<median TRL / arealite k=offpolicyness>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
-import signal
-import subprocess
+import statistics
 import sys
 import tempfile
 import time
-from statistics import mean
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import grpo_step  # noqa: E402
+import harness  # noqa: E402
 
-
-def exit_on_sigterm() -> None:
-    """Turn SIGTERM into SystemExit, so `with launch_server_process(...)` stops its server."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-
-
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its live descendants (servers, reward workers).
-
-    Printed next to wall time: on a shared machine wall time also measures other people's
-    load, while CPU time measures only the work each side does.
-    """
-    import psutil
-
-    procs = [psutil.Process()]
-    procs += procs[0].children(recursive=True)
-    total = 0.0
-    for proc in procs:
-        try:
-            t = proc.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            continue
-    return total
+LR = 1e-3
 
 
 def trl_reward(prompts, completions, answer, **_):
@@ -70,223 +66,201 @@ def trl_reward(prompts, completions, answer, **_):
     return [arithmetic_reward_fn("", t, answer=a) for t, a in zip(texts, answer)]
 
 
-def run_trl(args: argparse.Namespace) -> dict:
-    """Train with TRL's GRPOTrainer; returns per-step wall times, rewards and completion lengths."""
+def trl_setup(s: dict) -> dict:
+    import torch
+    import trl  # noqa: F401  (imported before any clock)
+
+    torch.set_num_threads(s["threads"])
+    return {"s": s}
+
+
+def trl_run(state: dict, req: dict) -> dict:
+    """`req["steps"]` GRPOTrainer steps from the initial weights; returns per-step figures."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from arealite.data.arithmetic import make_arithmetic_dataset
 
-    records = make_arithmetic_dataset(args.batch_size * (args.steps + 1), seed=args.seed)
+    s, steps = state["s"], req["steps"]
+    records = make_arithmetic_dataset(s["batch_size"] * (steps + 2), seed=s["seed"])
     data = Dataset.from_list([{"prompt": r["messages"], "answer": r["answer"]} for r in records])
-    times, rewards, lengths, cpu = [], [], [], []
+    times, rewards, lengths, clock = [], [], [], {}
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *a, **k):
-            self.start, self.cpu = time.perf_counter(), cpu_seconds()
+            self.start = time.perf_counter()
+            clock.setdefault("start", self.start)
+            clock.setdefault("cpu", harness.tree_cpu_seconds())
 
         def on_step_end(self, *a, **k):
-            times.append(time.perf_counter() - self.start)
-            cpu.append(cpu_seconds() - self.cpu)
+            clock["end"] = time.perf_counter()
+            clock["cpu_end"] = harness.tree_cpu_seconds()
+            times.append(clock["end"] - self.start)
 
-        def on_log(self, _args, state, control, logs=None, **k):
+        def on_log(self, _args, _state, _control, logs=None, **k):
             if logs and "reward" in logs:
                 rewards.append(logs["reward"])
                 lengths.append(logs.get("completions/mean_length", float("nan")))
 
+    workdir = tempfile.mkdtemp(dir=s["workdir"])
     config = GRPOConfig(
-        output_dir=args.workdir, use_cpu=True, bf16=False, use_vllm=False, report_to="none",
-        per_device_train_batch_size=args.batch_size * args.group_size, num_generations=args.group_size,
+        output_dir=workdir, use_cpu=True, bf16=False, use_vllm=False, report_to="none",
+        per_device_train_batch_size=s["batch_size"] * s["group_size"], num_generations=s["group_size"],
         gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
-        max_completion_length=args.max_new_tokens, temperature=1.0, top_k=0, top_p=1.0,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
+        max_completion_length=s["max_new_tokens"], temperature=1.0, top_k=0, top_p=1.0,
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
         epsilon=0.2, beta=0.0, loss_type="dapo", scale_rewards="group",
-        max_steps=args.steps + 1, logging_steps=1, save_strategy="no", shuffle_dataset=False, seed=args.seed,
+        max_steps=steps, logging_steps=1, save_strategy="no", shuffle_dataset=False, seed=s["seed"],
         dataloader_num_workers=0, disable_dropout=True,
     )  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype="float32")
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(s["model"], dtype="float32")
+    tokenizer = AutoTokenizer.from_pretrained(s["model"])
     trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=config, train_dataset=data, processing_class=tokenizer)
     trainer.add_callback(Timer())
     trainer.train()
-    return {"times": times, "rewards": rewards, "lengths": lengths, "cpu": cpu}
-
-
-def run_arealite(args: argparse.Namespace) -> dict:
-    """The examples/gsm8k_grpo.py loop against one built-in server; returns per-step figures."""
-    from transformers import AutoTokenizer
-
-    from arealite.config import (
-        GenerationHyperparameters, InferenceEngineConfig, MicroBatchSpec, OptimizerConfig, PPOActorConfig,
-    )
-    from arealite.data.arithmetic import arithmetic_reward_fn, make_arithmetic_dataset
-    from arealite.data.loader import create_dataloader
-    from arealite.distributed import barrier, init_distributed
-    from arealite.rollout import RemoteSGLangEngine
-    from arealite.server.process import launch_server_process
-    from arealite.train import PPOActor
-    from arealite.workflow import RLVRWorkflow
-    from grpo_step import timed_grpo_step  # benchmarks/, on sys.path as the script's folder
-
-    rank, _ = init_distributed()
-    records = make_arithmetic_dataset(args.batch_size * (args.steps + 1), seed=args.seed)
-    loader = create_dataloader(records, args.batch_size, shuffle=False, seed=args.seed)
-    gconfig = GenerationHyperparameters(group_size=args.group_size, max_new_tokens=args.max_new_tokens, temperature=1.0)
-    # (k + 1) batches may be generating at once (the staleness bound allows it); the server
-    # must admit all of them into its running batch.
-    in_flight = (args.offpolicyness + 1) * args.batch_size
-    server_env = {"OMP_NUM_THREADS": str(args.threads)}
-    extra = ["--torch-threads", str(args.threads), "--random-seed", str(args.seed)]
-    extra += ["--max-running-requests", str(2 * in_flight * args.group_size)]
-    with launch_server_process(args.model, extra_args=extra, env=server_env, log_path=os.path.join(args.workdir, "server.log")) as server:
-        config = InferenceEngineConfig(
-            max_head_offpolicyness=args.offpolicyness, max_concurrent_rollouts=in_flight, pause_mode=args.pause_mode
-        )
-        rollout = RemoteSGLangEngine(config, [server.address])
-        rollout.initialize()
-        actor = PPOActor(
-            PPOActorConfig(
-                path=args.model, group_size=args.group_size, eps_clip=0.2, adv_norm="group", loss_agg_mode="token-mean",
-                optimizer=OptimizerConfig(lr=args.lr, gradient_clipping=1.0),
-                mb_spec=MicroBatchSpec(max_tokens_per_mb=args.max_tokens_per_mb),
-                # off-policy samples: the decoupled loss (as configs/gsm8k_grpo.yaml)
-                use_decoupled_loss=args.offpolicyness > 0,
-            )
-        ).initialize()  # fmt: skip
-        workflow = RLVRWorkflow(arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(args.model))
-        times, rewards, lengths, phases, cpu = [], [], [], [], []
-        data_iter = iter(loader)
-        for step in range(args.steps + 1):
-            cpu_start = cpu_seconds()
-            batch, phase = timed_grpo_step(step, rollout, actor, workflow, loader, data_iter, args.workdir, rank, barrier)
-            cpu.append(cpu_seconds() - cpu_start)
-            times.append(sum(phase))
-            phases.append(phase)
-            rewards.append(batch["rewards"].float().mean().item())
-            lengths.append(batch["loss_mask"].sum(1).float().mean().item())
-        rollout.destroy()
-        actor.destroy()
-    return {"times": times, "rewards": rewards, "lengths": lengths, "phases": phases, "cpu": cpu}
-
-
-def side_main(args: argparse.Namespace) -> None:
-    """Subprocess entry: run one side, write its figures as JSON."""
-    import torch
-
-    exit_on_sigterm()
-    torch.set_num_threads(args.threads)
-    result = run_trl(args) if args.side == "trl" else run_arealite(args)
-    with open(args.out, "w") as f:
-        json.dump(result, f)
-
-
-def launch_side(side: str, k: int, args: argparse.Namespace, model: str, workdir: str) -> dict:
-    """Run one side in a fresh subprocess (`k`: arealite's max_head_offpolicyness)."""
-    tag = side if side == "trl" else f"arealite_k{k}"
-    out = os.path.join(workdir, f"{tag}.json")
-    cmd = [
-        sys.executable, os.path.abspath(__file__), "--side", side, "--out", out, "--model", model,
-        "--workdir", os.path.join(workdir, tag), "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-        "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads),
-        "--lr", str(args.lr), "--seed", str(args.seed), "--offpolicyness", str(k),
-        "--pause-mode", args.pause_mode,
-    ]  # fmt: skip
-    if args.max_tokens_per_mb is not None:
-        cmd += ["--max-tokens-per-mb", str(args.max_tokens_per_mb)]
-    env = {
-        **os.environ, "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
-        "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p),
+    return {
+        "wall": clock["end"] - clock["start"], "cpu": clock["cpu_end"] - clock["cpu"], "times": times,
+        "rewards": rewards, "lengths": lengths, "resources": harness.process_tree(os.getpid()),
     }  # fmt: skip
-    os.makedirs(os.path.join(workdir, tag), exist_ok=True)
-    log = os.path.join(workdir, f"{tag}.log")
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode != 0:
-        with open(log) as f:
-            tail = f.read()[-3000:]
-        raise SystemExit(f"{tag} side failed with exit code {proc.returncode}; log tail:\n{tail}")
-    with open(out) as f:
-        return json.load(f)
 
 
-def report(name: str, runs: list[dict], samples_per_step: int) -> tuple[float, float]:
-    """Print one side's per-step table; returns its mean (wall s, CPU s) per timed step.
-
-    Each run's first step is a warm-up and is left out of the means.
-    """
-    print(f"\n{name}: run step  wall_s  cpu_s  samples/s  reward  mean_completion_tokens")
-    for k, result in enumerate(runs):
-        rows = zip(result["times"], result["cpu"], result["rewards"], result["lengths"])
-        for i, (t, c, r, n) in enumerate(rows):
-            tag = " (warm-up, not timed)" if i == 0 else ""
-            print(f"{name}: {k:3d} {i:4d}  {t:6.2f}  {c:5.2f}  {samples_per_step / t:9.1f}  {r:6.3f}  {n:6.1f}{tag}")
-    phases = [p for result in runs for p in result.get("phases", [])[1:]]
-    if phases:
-        rollout, train, sync = (mean(x) for x in zip(*phases))
-        print(f"{name}: mean phases: rollout {rollout:.2f} s, logp+update {train:.2f} s, weight sync {sync:.2f} s")
-    wall = mean(t for result in runs for t in result["times"][1:])
-    cpu = mean(c for result in runs for c in result["cpu"][1:])
-    n = sum(len(result["times"]) - 1 for result in runs)
-    print(f"{name}: mean over {n} timed steps: {wall:.2f} s/step, {samples_per_step / wall:.1f} samples/s, {cpu:.2f} CPU s/step")
-    return wall, cpu
+def worker(settings: dict) -> None:
+    if settings["side"] == "trl":
+        harness.serve_runs(lambda: trl_setup(settings), trl_run)
+    else:
+        harness.serve_runs(lambda: grpo_step.setup(settings), grpo_step.run, grpo_step.teardown)
 
 
-def main() -> None:
+def report(name: str, runs: list[dict], samples: int) -> None:
+    print(f"\n{name}: repeat  wall_s  s/step  cpu_s  samples/s  mean_reward  mean_completion_tokens")
+    for i, r in enumerate(runs):
+        n = len(r["times"])
+        print(f"{name}: {i:6d} {r['wall']:7.2f} {r['wall'] / n:7.3f} {r['cpu']:6.2f} {samples * n / r['wall']:10.1f} "
+              f"{statistics.mean(r['rewards']):12.3f} {statistics.mean(r['lengths']):23.1f}")  # fmt: skip
+    if runs[0].get("phases"):
+        phases = [ph for r in runs for ph in r["phases"]]
+        rollout, train, sync = (statistics.mean(ph[i] for ph in phases) for i in range(3))
+        print(f"{name}: mean per step: waiting for rollouts {rollout:.3f} s, logp+update {train:.3f} s, weight sync {sync:.3f} s")
+        hist: dict[str, int] = {}
+        for r in runs:
+            for k, v in r["staleness"].items():
+                hist[k] = hist.get(k, 0) + v
+        print(f"{name}: trained tokens by staleness (versions): {json.dumps(hist)}")
+    print(f"{name}: resources (read from the process tree after run 0):")
+    for line in runs[0]["resources"]:
+        print(f"{name}:   {line}")
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=8, help="timed steps per side (plus one warm-up step)")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per run (the first included)")
+    p.add_argument("--repeats", type=int, default=5, help="paired repeats (every side once each, alternating order)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per step")
     p.add_argument("--group-size", type=int, default=4, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    # 1 by default: on a busy 2-core machine two OpenMP threads per process mostly spin (10x slower, both sides)
-    p.add_argument("--threads", type=int, default=1, help="torch threads of every process on both sides")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--cpus", default=None, help="CPUs of every side, e.g. 0,1 (default: all of ours)")
+    p.add_argument("--offpolicyness", type=int, default=2, help="arealite's max_head_offpolicyness for the headline figure")
+    p.add_argument("--trl-threads", type=int, nargs="+", default=None, help="TRL thread counts to try (default: 1 and all CPUs)")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--max-tokens-per-mb", type=int, default=None, help="arealite's mb_spec.max_tokens_per_mb (default: no limit)")
-    p.add_argument("--repeats", type=int, default=1, help="runs per side, alternating TRL and arealite")
-    p.add_argument(
-        "--offpolicyness", type=int, default=2,
-        help="arealite's max_head_offpolicyness (2: configs/gsm8k_grpo.yaml; 0: on-policy and synchronous like TRL)",
-    )  # fmt: skip
-    p.add_argument("--no-sync-baseline", dest="sync_baseline", action="store_false", help="skip arealite at k=0")
-    p.add_argument("--pause-mode", default="in_place", help="arealite's rollout.pause_mode during weight syncs")
-    p.add_argument("--side", choices=["trl", "arealite"], help=argparse.SUPPRESS)
-    p.add_argument("--out", help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
-    p.add_argument("--workdir", help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.side:
-        side_main(args)
+    p.add_argument("--model-path", default=None, help="HF model folder (default: a tiny Qwen2 built on the spot)")
+    p.add_argument("--smoke", action="store_true", help="seconds: 2 prompts x 2 samples, 8 tokens, 2 steps, 1 repeat, no k=0 run")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
         return
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        raise SystemExit("TRL is not installed; install the benchmark extra: pip install -e '.[bench]'") from None
-    from arealite.tools.tiny_model import build_tiny_model
+    if importlib.util.find_spec("trl") is None:  # not imported here: that takes seconds, the TRL worker does it
+        raise SystemExit("TRL is not installed; install the benchmark extra: pip install -e '.[bench]'")
+    if args.offpolicyness < 1:
+        raise SystemExit(f"--offpolicyness {args.offpolicyness}: the headline is asynchronous (k >= 1); k=0 always runs")
+    if args.smoke:
+        args.steps, args.repeats, args.batch_size, args.group_size, args.max_new_tokens = 2, 1, 2, 2, 8
+    cpus = harness.cpu_set(args.cpus)
+    budget = len(cpus)
+    trl_threads = [1] if args.smoke else sorted(set(args.trl_threads or [1, budget]))
+    if max(trl_threads) > budget or min(trl_threads) < 1:
+        raise SystemExit(f"--trl-threads {trl_threads}: each must be in [1, {budget}] (the CPUs of a side)")
+    ks = [args.offpolicyness] if args.smoke else [0, args.offpolicyness]
+    print(harness.machine_line())
+    print(harness.commit_line())
+    print(f"vs_trl: {args.steps} timed steps per run (the first included), {args.batch_size} prompts x {args.group_size} "
+          f"samples, max_new_tokens={args.max_new_tokens}, {args.repeats} paired repeats; every side pinned to CPUs "
+          f"{sorted(cpus)} with at most {budget} torch threads in all (TRL: {' or '.join(map(str, trl_threads))} in its one "
+          f"process; arealite: {max(1, budget // 2)} in the server + {max(1, budget // 2)} in the trainer)")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
+        from arealite.tools.tiny_model import build_tiny_model
 
-    samples = args.batch_size * args.group_size
-    ks = [args.offpolicyness] + ([0] if args.sync_baseline and args.offpolicyness > 0 else [])
-    print(
-        f"vs_trl: {args.steps} timed steps, {args.batch_size} prompts x {args.group_size} samples, "
-        f"max_new_tokens={args.max_new_tokens}, {args.threads} torch threads per process, "
-        f"arealite max_head_offpolicyness in {ks}, pause_mode={args.pause_mode}"
-    )
-    with tempfile.TemporaryDirectory(prefix="vs_trl_") as workdir:
-        model = build_tiny_model(os.path.join(workdir, "model"), seed=0)
-        runs: dict[tuple[str, int], list[dict]] = {("trl", 0): []} | {("arealite", k): [] for k in ks}
-        for _ in range(args.repeats):  # alternating, so every side sees the same drift in machine load
-            for side, k in runs:
-                runs[(side, k)].append(launch_side(side, k, args, model, workdir))
-    trl_s, trl_cpu = report("trl", runs[("trl", 0)], samples)
-    walls = {k: report(f"arealite k={k}", runs[("arealite", k)], samples) for k in ks}
+        model = args.model_path or build_tiny_model(os.path.join(tmp, "model"), seed=0)
+        workers = start_workers(args, model, tmp, cpus, trl_threads, ks)
+        try:
+            for w in workers.values():  # they set up in parallel
+                w.ready  # noqa: B018
+            trl = calibrate_trl(workers, trl_threads, min(2, args.steps))
+            plan = {trl: (workers[trl], dict(steps=args.steps))}
+            plan |= {f"arealite k={k}": (workers["arealite"], dict(steps=args.steps, k=k, batch_size=args.batch_size)) for k in ks}
+            runs = harness.run_paired(plan, args.repeats)
+        finally:
+            for w in workers.values():
+                w.close()
+    summarize(args, runs, trl, ks)
+
+
+def start_workers(args: argparse.Namespace, model: str, tmp: str, cpus: set[int], trl_threads: list[int], ks: list[int]):
+    """One worker per TRL thread count and one arealite worker (its server and trainer serve every k)."""
+    half = max(1, len(cpus) // 2)
+    common = dict(batch_size=args.batch_size, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
+                  seed=args.seed, model=model)  # fmt: skip
+    settings = {f"trl t={t}": dict(side="trl", threads=t, **common) for t in trl_threads}
+    settings["arealite"] = dict(side="arealite", server_threads=half, trainer_threads=half, pause_mode="in_place", lr=LR,
+                                max_in_flight=(max(ks) + 1) * args.batch_size, **common)  # fmt: skip
+    workers: dict[str, harness.SideProcess] = {}
+    for name, s in settings.items():
+        s["workdir"] = os.path.join(tmp, name.replace(" ", "_").replace("=", ""))
+        os.makedirs(s["workdir"])
+        argv = [os.path.abspath(__file__), "--worker", json.dumps(s)]
+        env = {"OMP_NUM_THREADS": str(s.get("threads", half)), **harness.CPU_ONLY}
+        workers[name] = harness.SideProcess(name, argv, cpus, s["workdir"] + ".log", env)
+    return workers
+
+
+def calibrate_trl(workers: dict[str, harness.SideProcess], trl_threads: list[int], steps: int) -> str:
+    """Keep TRL's fastest thread count (closing the other workers); returns its worker's name."""
+    names = [f"trl t={t}" for t in trl_threads]
+    if len(names) == 1:
+        return names[0]
+    trials = {name: workers[name].run(steps=steps)["wall"] for name in names}
+    best = min(trials, key=trials.get)
+    print(f"TRL calibration, wall s of {steps} steps: " + ", ".join(f"{n}: {w:.2f}" for n, w in trials.items())
+          + f"; timed: {best}", flush=True)  # fmt: skip
+    for name in names:
+        if name != best:
+            workers.pop(name).close()
+    return best
+
+
+def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], trl: str, ks: list[int]) -> None:
+    for name, r in runs.items():
+        report(name, r, args.batch_size * args.group_size)
     print()
-    for k, (wall, cpu) in walls.items():
-        print(f"arealite k={k}: {wall:.2f} s/step vs TRL {trl_s:.2f} (wall); CPU s/step {cpu:.2f} vs TRL {trl_cpu:.2f}")
-    if 0 in walls and args.offpolicyness > 0:
-        print(f"arealite_sync_vs_trl_speedup={trl_s / walls[0][0]:.2f}")
-    print(f"arealite_vs_trl_speedup={trl_s / walls[args.offpolicyness][0]:.2f}")
-
+    walls = {name: [r["wall"] for r in rs] for name, rs in runs.items()}
+    for name, w in walls.items():
+        print(f"{name:<12} wall s for {args.steps} steps: {harness.spread(w)}")
+    # CPU seconds of every process of a side: the work it does, whatever the machine's load;
+    # wall time can beat a one-process side by at most (its CPU / ours) x the cores we overlap on
+    for name, rs in runs.items():
+        print(f"{name:<12} CPU s for {args.steps} steps (all its processes): {harness.spread([r['cpu'] for r in rs])}")
+    ratios = {k: [t / a for t, a in zip(walls[trl], walls[f"arealite k={k}"])] for k in ks}
+    for k in ks:
+        print(f"{trl} / arealite k={k} (paired): {harness.spread(ratios[k])}")
+    print(harness.load_line())
+    if 0 in ratios:
+        print(f"arealite_sync_vs_trl_equal_cores={harness.quartiles(ratios[0])[2]:.2f}")
+    print(f"arealite_vs_trl_equal_cores={harness.quartiles(ratios[args.offpolicyness])[2]:.2f}")
 
 if __name__ == "__main__":
     main()

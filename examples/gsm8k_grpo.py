@@ -4,15 +4,22 @@
 
 The launcher starts the inference servers and sets AREAL_LLM_SERVER_ADDRS; this script is
 one trainer process (torchrun starts several). Which dataset, model and reward are used is
-config (`train_dataset.type`: gsm8k | math500 | arithmetic | jsonl). A relaunch of the same
-run resumes from its latest checkpoint (`recover.mode=auto`); the held-out set is evaluated
-before training, every `evaluator.freq_steps` versions and at the end.
+config (`train_dataset.type`: gsm8k | math500 | arithmetic | jsonl), and so is the algorithm:
+a `critic:` section turns GRPO into PPO with GAE on the critic's values, a `ref:` section
+(with `actor.kl_ctl > 0`) adds the KL to a frozen reference model, `rollout.dynamic_sampling`
+drops groups whose rewards are all equal. A relaunch of the same run resumes from its latest
+checkpoint (`recover.mode=auto`); the held-out set is evaluated before training, every
+`evaluator.freq_steps` versions and at the end. The last two lines printed are
+`final_entropy=<e> truncated_frac=<t>` (means over the last steps) and
+`eval_accuracy_before=<x> eval_accuracy_after=<y>`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections import deque
+from itertools import chain, repeat
 
 from transformers import AutoTokenizer
 
@@ -23,8 +30,9 @@ from arealite.eval import Evaluator
 from arealite.eval.task import held_out_records, reward_fn_for
 from arealite.reward.pool import RewardPool
 from arealite.rollout import RemoteSGLangEngine
-from arealite.train import PPOActor
-from arealite.utils.recover import Recover
+from arealite.rollout.dynamic_sampling import DynamicSampler
+from arealite.train import PPOActor, PPOCritic, ReferenceModel
+from arealite.utils.recover import EngineGroup, Recover
 from arealite.utils.stats_logger import StatsLogger
 from arealite.utils.stats_tracker import StatsTracker
 from arealite.utils.timing import StepTimer
@@ -52,26 +60,35 @@ def main(argv: list[str]) -> None:
     rollout.initialize()
     actor = PPOActor(config.actor, config.total_train_steps)
     actor.initialize()
+    critic = PPOCritic(config.critic, config.total_train_steps).initialize() if config.critic else None
+    ref = ReferenceModel(config.ref).initialize() if config.ref else None
     reward_fn = reward_fn_for(config)
     reward_pool = RewardPool(max_workers=2)  # shared by training and evaluation
     feed = DataFeed(loader)  # remembers prompts handed out but not yet trained (exact recovery)
-    workflow = feed.tag(RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool))
+    asynchronous = config.rollout.max_head_offpolicyness > 0
+    # dynamic sampling: asynchronous runs filter each finished group here, synchronous ones per batch below
+    sampler = DynamicSampler(feed, config.gconfig.group_size) if config.rollout.dynamic_sampling else None
+    should_accept = sampler.accept if sampler and asynchronous else None
+    workflow = feed.tag(RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool), should_accept)
     stats_logger = StatsLogger.from_config(config, rank)
     evaluator = None
     if config.evaluator.freq_steps:
         held_out = held_out_records(config, tokenizer)
         evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size, reward_pool)
 
-    meta_for = init_weight_update(actor, rollout, config.weight_update, config.run_dir, rank)
-    recover = Recover(config.recover, config.run_dir, rank)
-    resumed = recover.load(actor, feed, stats_logger)
+    meta_for = init_weight_update(
+        actor, rollout, config.weight_update, config.run_dir, rank, keep_versions=config.weight_keep_versions
+    )
+    recover, trained = Recover(config.recover, config.run_dir, rank), EngineGroup(actor, critic=critic)
+    resumed = recover.load(trained, feed, stats_logger)
     start, version = (resumed.step + 1, resumed.version) if resumed else (0, 0)
     accuracy = resumed.extra.get("accuracy", {}) if resumed else {}  # version -> held-out pass@1
     if resumed:  # the servers may hold other weights than the checkpoint's
         sync_weights(actor, rollout, meta_for(version), rank, barrier)
 
-    asynchronous = config.rollout.max_head_offpolicyness > 0
-    feed_iter, tracker, timer = iter(feed), StatsTracker(), StepTimer()
+    prompt_batches = chain.from_iterable(repeat(feed))  # synchronous runs' prompts, epoch after epoch
+    tracker, timer = StatsTracker(), StepTimer()
+    recent = deque(maxlen=10)  # (entropy, truncated_frac) of the last steps, for the closing line
     for step in range(start, config.total_train_steps):
         stats = {}
         if evaluator and evaluator.should_run(version, config.total_train_steps):
@@ -80,25 +97,36 @@ def main(argv: list[str]) -> None:
             accuracy[str(version)] = stats["eval/pass@1"]
         with timer("step"):
             with timer("rollout"):
-                if asynchronous:
+                if asynchronous:  # ahead of training, within the staleness bound
                     batch = rollout.prepare_batch(feed, workflow)
+                elif sampler is not None:  # groups whose rewards differ, from as many prompts as needed
+                    batch = sampler.next_batch(rollout, workflow)
                 else:
-                    prompts = next(feed_iter, None) or next(feed_iter := iter(feed))
-                    batch = rollout.rollout_batch(prompts, workflow)
+                    batch = rollout.rollout_batch(next(prompt_batches), workflow)
             with timer("train"):
+                if ref is not None:  # the KL term's anchor
+                    batch["ref_logp"] = ref.compute_logp(batch, config.actor.temperature)
+                if critic is not None:  # PPO: advantages by GAE on the critic's values
+                    batch["values"] = critic.compute_values(batch)
+                stats.update(batch_stats(tracker, batch, version))  # before compute_advantages edits loss_mask
                 # No separate logp pass: a one-step update takes the pre-update logprobs
                 # (prox_logp) from its own forward; the actor recomputes them only when needed.
                 actor.compute_advantages(batch)
-                train_stats = actor.ppo_update(batch)
-                stats["prompt_ids"] = feed.consume(batch if asynchronous else None)
+                stats.update(actor.ppo_update(batch)[-1])
+                if critic is not None:
+                    stats.update({f"critic/{k}": v for k, v in critic.ppo_update(batch)[-1].items()})
+                stats["prompt_ids"] = feed.consume(batch if asynchronous or sampler else None)  # the trained prompts
             with timer("weight_sync"):
                 version = step + 1
                 sync_weights(actor, rollout, meta_for(version), rank, barrier)
             with timer("save"):
                 if recover.should_save(step, config.total_train_steps):
-                    recover.save(step, version, actor, feed, stats_logger, {"accuracy": accuracy})
-        stats.update(batch_stats(tracker, batch), **train_stats[-1], version=version, **timer.pop())
+                    recover.save(step, version, trained, feed, stats_logger, {"accuracy": accuracy})
+        if sampler is not None:  # cumulative counts of this rank
+            stats.update(dropped_groups=feed.dropped_groups, filler_groups=sampler.filler_groups)
+        stats.update(version=version, **timer.pop())
         stats_logger.commit(step, stats)
+        recent.append((stats.get("entropy", float("nan")), stats.get("truncated_frac", float("nan"))))
 
     if evaluator and evaluator.should_run(version, config.total_train_steps):
         final = evaluator.evaluate(rollout)
@@ -107,10 +135,15 @@ def main(argv: list[str]) -> None:
     plot = stats_logger.close(plot=config.stats_logger.plot)
     rollout.destroy()
     reward_pool.close()
-    actor.destroy()
+    for engine in (actor, critic, ref):
+        if engine is not None:
+            engine.destroy()
+    if rank == 0 and plot:
+        print(f"plots: {plot}", flush=True)
+    if rank == 0 and recent:
+        entropy, truncated = (sum(v) / len(v) for v in zip(*recent))
+        print(f"final_entropy={entropy:.4f} truncated_frac={truncated:.4f}", flush=True)
     if rank == 0 and accuracy:
-        if plot:
-            print(f"plots: {plot}", flush=True)
         before, after = accuracy.get("0", float("nan")), accuracy[max(accuracy, key=int)]
         print(f"eval_accuracy_before={before:.4f} eval_accuracy_after={after:.4f}", flush=True)
 

@@ -1,8 +1,18 @@
-"""Shared fixtures. TRITON_INTERPRET must be set before any Triton kernel module is imported."""
+"""Shared fixtures and the `cuda` marker.
+
+Without CUDA the Triton kernels run in triton's interpreter (TRITON_INTERPRET=1, set before
+any kernel module is imported); with CUDA they are compiled and tested on CUDA tensors.
+Tests marked `@pytest.mark.cuda` (the GPU self-check, `python -m pytest -m cuda -q`) are
+skipped with a reason where CUDA is absent.
+"""
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -10,6 +20,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 from pathlib import Path
 
 import pytest
+
+from tests.tool_model import tool_engine, tool_model_dir, tool_tokenizer  # noqa: E402,F401  (session fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("AREALITE_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
@@ -28,3 +40,12 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.fail(f"shared data folder {SHARED_DATA} is missing; set AREALITE_SHARED_DATA")
     return SHARED_DATA
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (the GPU self-check: python -m pytest -m cuda -q)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)

@@ -36,6 +36,8 @@ def test_wrong_type_names_field_and_expected_type():
 def test_value_validation_says_what_to_set():
     with pytest.raises(ConfigError, match=r"lr_scheduler_type='cosin'.*cosine"):
         load_config(["actor.optimizer.lr_scheduler_type=cosin"], GRPOConfig)
+    with pytest.raises(ConfigError, match=r"weight_keep_versions=0 must be > 0"):
+        load_config(["weight_keep_versions=0"], GRPOConfig)
     with pytest.raises(ConfigError, match=r"top_p=1.5"):
         load_config(["gconfig.top_p=1.5"], GRPOConfig)
 

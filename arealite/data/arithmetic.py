@@ -1,33 +1,39 @@
 """A synthetic arithmetic task that a tiny model can learn on a CPU in minutes.
 
 Prompts are short questions such as `17+5=`; the answer is the integer result. The reward
-is 1 when the first integer in the completion equals the answer, else 0 — exact and cheap,
-so learning progress is visible without a large model. Deterministic for a seed.
+is 1 only for a well-formed answer: the completion is exactly the integer, then a stop token
+(EOS), else 0 — exact and cheap, so learning progress is visible without a large model.
+Deterministic for a seed.
+
+Why so strict: a reward that reads only the first integer leaves every token after it free,
+and RL then drifts the tail into noise (seen on CPU: entropy rising to 3.3 nats and every
+response running to `max_new_tokens`). Scoring the whole completion, the stop included,
+makes stopping part of the task.
 """
 
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
-_INT = re.compile(r"-?\d+")
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
 def make_arithmetic_dataset(
-    num_samples: int, seed: int = 0, max_operand: int = 20, ops: str = "+-", split: str = "train"
+    num_samples: int, seed: int = 0, max_operand: int = 20, ops: str = "+-", split: str = "train", min_operand: int = 0
 ) -> list[dict[str, Any]]:
     """`num_samples` records `{"id", "messages", "answer"}`; train and test splits differ."""
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
+    if not 0 <= min_operand <= max_operand:
+        raise ValueError(f"min_operand={min_operand} must be in 0..max_operand={max_operand}")
     bad = set(ops) - set(_OPS)
     if bad or not ops:
         raise ValueError(f"ops={ops!r} may only contain {sorted(_OPS)}")
     rng = random.Random(f"{seed}-{split}")
     out = []
     for i in range(num_samples):
-        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+        a, b = rng.randint(min_operand, max_operand), rng.randint(min_operand, max_operand)
         op = rng.choice(ops)
         out.append(
             {
@@ -40,8 +46,23 @@ def make_arithmetic_dataset(
 
 
 def arithmetic_reward_fn(
-    prompt: str, completion: str, prompt_ids: Any = None, completion_ids: Any = None, answer: str = "", **_: Any
+    prompt: str,
+    completion: str,
+    prompt_ids: Any = None,
+    completion_ids: Any = None,
+    answer: str = "",
+    truncated: bool = False,
+    **_: Any,
 ) -> float:
-    """1.0 when the first integer in `completion` equals `answer`, else 0.0."""
-    m = _INT.search(completion)
-    return float(m is not None and m.group() == str(answer).strip())
+    """1.0 when `completion` is exactly `answer` and the response ended with a stop token, else 0.0.
+
+    `completion` is decoded without special tokens, so special tokens between the answer and
+    the stop would be invisible in it; they are caught by the token count instead: the
+    answer's characters take at most one token each, plus one stop token.
+    """
+    answer = str(answer).strip()
+    if truncated or completion != answer:
+        return 0.0
+    if completion_ids is not None and len(completion_ids) > len(answer) + 1:
+        return 0.0
+    return 1.0

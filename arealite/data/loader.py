@@ -25,16 +25,28 @@ class RecordDataset(Dataset):
         return self.records[i]
 
 
-def load_records(config: DatasetConfig, split: str = "train", seed: int = 0) -> list[dict[str, Any]]:
-    """The records a DatasetConfig names (`split` only matters for the synthetic task)."""
+def load_records(
+    config: DatasetConfig, split: str = "train", seed: int = 0, dataset: Any = None
+) -> list[dict[str, Any]]:
+    """The records a DatasetConfig names, normalised by `config.type`.
+
+    `dataset`, a `datasets.Dataset` (or `DatasetDict`) built in Python, replaces `config.path`.
+    `split` is the default split for sources that hold several (`config.split` overrides
+    it) and names the split of the synthetic task.
+    """
     if config.type == "arithmetic":
         return make_arithmetic_dataset(
-            config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split
+            config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split,
+            min_operand=config.min_operand,
+        )  # fmt: skip
+    source = dataset if dataset is not None else config.path
+    if source is None or isinstance(source, str) and not source:
+        raise ConfigError(
+            f"dataset.path is empty for dataset.type={config.type!r}; set it to a local file or folder, "
+            "or a cached hub name (or pass dataset= a datasets.Dataset)"
         )
-    if not config.path:
-        raise ConfigError(f"dataset.path is empty for dataset.type={config.type!r}; set it to a jsonl/parquet file")
     loader = {"gsm8k": load_gsm8k, "math500": load_math500, "jsonl": load_generic}[config.type]
-    return loader(config.path)
+    return loader(source, split=config.split or split, subset=config.subset)
 
 
 def filter_by_prompt_length(records: list[dict[str, Any]], tokenizer, max_tokens: int) -> list[dict[str, Any]]:

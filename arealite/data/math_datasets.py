@@ -1,51 +1,22 @@
-"""Loaders for math word-problem datasets, normalised to `{"id", "messages", "answer"}`.
+"""Normalising known datasets to `{"id", "messages", "answer"}` records.
 
 GSM8K records are `{"question", "answer"}` where the answer ends in `#### <number>`; MATH-500
-records are `{"problem", "solution", "answer", "unique_id", ...}`. Generic jsonl/parquet files
-may hold `messages` or `prompt`/`question`/`problem` plus `answer`. Paths are local files: the
-model hub is not assumed reachable (DESIGN §5).
+records are `{"problem", "solution", "answer", "unique_id", ...}`. Generic records hold
+`messages` or `prompt`/`question`/`problem`, plus `answer`. Every loader takes anything
+`records.read_dataset` reads: a local file or folder, a cached hub name, or a
+`datasets.Dataset`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
+
+from arealite.data.records import DatasetError, read_records
+
+__all__ = ["DatasetError", "gsm8k_final_answer", "load_generic", "load_gsm8k", "load_math500"]
 
 GSM8K_INSTRUCTION = "Please reason step by step, and put your final answer after '####'."
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-class DatasetError(ValueError):
-    """A dataset file is missing, empty or has records of the wrong shape."""
-
-
-def read_records(path: str) -> list[dict[str, Any]]:
-    """Read a .jsonl or .parquet file (or the single such file in a folder) into dicts."""
-    if os.path.isdir(path):
-        files = sorted(f for f in os.listdir(path) if f.endswith((".jsonl", ".parquet")))
-        if len(files) != 1:
-            raise DatasetError(f"folder {path!r} holds {len(files)} .jsonl/.parquet files; point to one file")
-        path = os.path.join(path, files[0])
-    if not os.path.isfile(path):
-        raise DatasetError(f"dataset file {path!r} does not exist (cwd: {os.getcwd()}); check the dataset path")
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        records = pq.read_table(path).to_pylist()
-    else:
-        records = []
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DatasetError(f"{path}:{lineno} is not valid JSON: {e}") from e
-    if not records:
-        raise DatasetError(f"dataset file {path!r} is empty; a training run needs at least one record")
-    return records
 
 
 def gsm8k_final_answer(solution: str) -> str:
@@ -55,12 +26,33 @@ def gsm8k_final_answer(solution: str) -> str:
     return solution.split("####")[-1].strip().replace(",", "")
 
 
-def load_gsm8k(path: str) -> list[dict[str, Any]]:
-    """GSM8K jsonl -> `{"id", "messages", "answer", "solution"}` records."""
+def _present(record: dict[str, Any]) -> dict[str, Any]:
+    """The record without null fields: a column that only some rows have (a union schema in
+    `datasets`) comes back as None in the others."""
+    return {k: v for k, v in record.items() if v is not None}
+
+
+def _records_with(source: Any, split: str, subset: str | None, columns: tuple[str, ...], kind: str) -> list[dict[str, Any]]:
+    """The records of `source`, checked to have `columns` (every record, not only the schema)."""
+    records = [_present(r) for r in read_records(source, split, subset)]
+    for i, r in enumerate(records):
+        missing = [c for c in columns if c not in r]
+        if missing:
+            raise DatasetError(
+                f"{_name(source)} record {i} lacks {missing} (has {sorted(r)}); is it {kind}? "
+                "Rename the columns (datasets.Dataset.rename_column) or set dataset.type=jsonl for generic records"
+            )
+    return records
+
+
+def _name(source: Any) -> str:
+    return str(source) if isinstance(source, str) else type(source).__name__
+
+
+def load_gsm8k(source: Any, split: str = "train", subset: str | None = None) -> list[dict[str, Any]]:
+    """GSM8K -> `{"id", "messages", "answer", "solution"}` records."""
     out = []
-    for i, r in enumerate(read_records(path)):
-        if "question" not in r or "answer" not in r:
-            raise DatasetError(f"{path} record {i} lacks 'question'/'answer' keys (has {sorted(r)}); is it GSM8K?")
+    for i, r in enumerate(_records_with(source, split, subset, ("question", "answer"), "GSM8K")):
         out.append(
             {
                 "id": f"gsm8k-{i}",
@@ -72,12 +64,10 @@ def load_gsm8k(path: str) -> list[dict[str, Any]]:
     return out
 
 
-def load_math500(path: str) -> list[dict[str, Any]]:
-    """MATH-500 jsonl -> `{"id", "messages", "answer", "solution"}` records."""
+def load_math500(source: Any, split: str = "train", subset: str | None = None) -> list[dict[str, Any]]:
+    """MATH-500 -> `{"id", "messages", "answer", "solution"}` records."""
     out = []
-    for i, r in enumerate(read_records(path)):
-        if "problem" not in r or "answer" not in r:
-            raise DatasetError(f"{path} record {i} lacks 'problem'/'answer' keys (has {sorted(r)}); is it MATH?")
+    for i, r in enumerate(_records_with(source, split, subset, ("problem", "answer"), "MATH")):
         out.append(
             {
                 "id": str(r.get("unique_id", f"math500-{i}")),
@@ -89,20 +79,19 @@ def load_math500(path: str) -> list[dict[str, Any]]:
     return out
 
 
-def load_generic(path: str) -> list[dict[str, Any]]:
-    """Any jsonl/parquet with `messages` or `prompt`/`question`/`problem`, plus `answer`."""
+def load_generic(source: Any, split: str = "train", subset: str | None = None) -> list[dict[str, Any]]:
+    """Records with `messages` or `prompt`/`question`/`problem`, plus `answer`; other fields are kept."""
     out = []
-    for i, r in enumerate(read_records(path)):
+    for i, r in enumerate(_records_with(source, split, subset, ("answer",), "a dataset with answers")):
         if "messages" in r:
             messages = r["messages"]
         else:
             text = next((r[k] for k in ("prompt", "question", "problem") if k in r), None)
             if text is None:
                 raise DatasetError(
-                    f"{path} record {i} has none of 'messages', 'prompt', 'question', 'problem' (has {sorted(r)})"
+                    f"{_name(source)} record {i} has none of 'messages', 'prompt', 'question', 'problem' "
+                    f"(has {sorted(r)}); rename the prompt column to one of them"
                 )
             messages = [{"role": "user", "content": str(text)}]
-        if "answer" not in r:
-            raise DatasetError(f"{path} record {i} lacks an 'answer' key (has {sorted(r)})")
         out.append({**r, "id": str(r.get("id", f"rec-{i}")), "messages": messages, "answer": str(r["answer"])})
     return out

@@ -18,6 +18,7 @@ import sys
 import time
 
 from arealite.config import ConfigError, GRPOConfig
+from arealite.devices import check_gpus_for_ranks, requested_train_device
 from arealite.launcher import ports
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, stop_all
@@ -48,6 +49,30 @@ def allocate_gpus(config: GRPOConfig, backend: str) -> tuple[list[list[str]], li
     return per_server, gpus[n_server_gpus : n_server_gpus + launcher.n_trainers]
 
 
+def check_gpu_placement(config: GRPOConfig, backend: str, gpus: list[str]) -> None:
+    """Refuse at launch what would die on the GPUs later, naming the fix (ConfigError).
+
+    With built-in servers the trainer sees every visible GPU (`gpus`), one per rank, and the
+    servers run on the first one. Then (1) more trainer ranks than GPUs is refused, and (2)
+    so is `weight_update=distributed`: NCCL cannot put the server and trainer rank 0 of one
+    broadcast group on the same GPU.
+    """
+    try:
+        if backend != "builtin" or not gpus or requested_train_device() == "cpu":
+            return  # SGLang: allocate_gpus counted the GPUs; no GPU or a CPU trainer: nothing to share
+        check_gpus_for_ranks(config.launcher.n_trainers, len(gpus))
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    extra = config.server.extra_args
+    server_on_cpu = "--device" in extra[:-1] and extra[extra.index("--device") + 1] == "cpu"
+    if config.weight_update == "distributed" and not server_on_cpu:
+        raise ConfigError(
+            "weight_update=distributed needs the servers and the trainer's rank 0 on different GPUs, but the "
+            f"built-in server runs on GPU {gpus[0]} beside the trainer (NCCL refuses two ranks of one group on "
+            "one GPU). Set weight_update=disk, or run SGLang servers on GPUs of their own (server.backend=sglang)"
+        )
+
+
 def trainer_command(args: LaunchArgs, master_port: int) -> list[str]:
     """torchrun over `n_trainers` processes, or plain python for one."""
     n = args.config.launcher.n_trainers
@@ -60,8 +85,14 @@ def trainer_command(args: LaunchArgs, master_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def trainer_env(server_addrs: list[str], master_port: int, gpus: list[str] | None) -> dict[str, str]:
+def trainer_env(server_addrs: list[str], master_port: int, gpus: list[str] | None, threads: int = 1) -> dict[str, str]:
     env = dict(os.environ, AREAL_LLM_SERVER_ADDRS=",".join(server_addrs))
+    # torch threads per trainer rank = its reserved CPUs (torchrun's default of 1 for several
+    # ranks; a lone rank would take every core and, beside the servers, spin-wait on them:
+    # the CPU main job ran 2.4x slower with 2 threads on 2 cores shared with other jobs,
+    # and the asynchronous one overlaps rollout and training only with a core each).
+    # An OMP_NUM_THREADS already set wins.
+    env.setdefault("OMP_NUM_THREADS", str(threads))
     # The same rendezvous variables torchrun sets, so a one-process run needs no special case.
     env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     env.update(MASTER_ADDR=HOST, MASTER_PORT=str(master_port))
@@ -90,6 +121,8 @@ class LocalRun:
             env = dict(os.environ)
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
+            if backend == "builtin":  # torch threads = its reserved CPUs, as for the trainer (see trainer_env)
+                env.setdefault("OMP_NUM_THREADS", str(launcher.cpus_per_server))
             server = SupervisedServer(
                 name=f"server-{i}",
                 cmd=server_command(self.config, HOST, port, backend),
@@ -116,7 +149,7 @@ class LocalRun:
             "trainer",
             trainer_command(self.args, master_port),
             os.path.join(self.log_dir, "trainer.log"),
-            trainer_env(addrs, master_port, gpus),
+            trainer_env(addrs, master_port, gpus, self.config.launcher.cpus_per_trainer),
         )
         self.trainer.start(echo=True)
         self._record("trainer", self.trainer.pid or -1, "")
@@ -135,8 +168,9 @@ class LocalRun:
             time.sleep(POLL_INTERVAL)
 
     def run(self) -> int:
-        prepare_run_dir(self.run_dir, self.config)
         backend = resolve_backend(self.config.server)
+        check_gpu_placement(self.config, backend, visible_gpus())  # before anything starts
+        prepare_run_dir(self.run_dir, self.config)
         gpus = allocate_gpus(self.config, backend)
         try:
             run_setup_commands(self.config.launcher.setup_commands, self.log_dir)

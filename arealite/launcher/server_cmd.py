@@ -68,4 +68,8 @@ def server_command(config: GRPOConfig, host: str, port: int, backend: str, pytho
         cmd += ["--context-length", str(server.context_length)]
     cmd += ["--random-seed", str(server.random_seed)]
     cmd += ["--max-running-requests", str(server.max_running_requests)]
+    lora = config.actor.lora
+    if config.weight_update == "lora" and lora is not None:
+        # adapters are loaded at run time: the server must reserve their rank and layers up front
+        cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--lora-target-modules", *lora.target_modules]
     return cmd + list(server.extra_args)

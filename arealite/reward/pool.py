@@ -152,7 +152,14 @@ class RewardPool:
         """Blocking `ascore`, for use outside an event loop."""
         return asyncio.run(self.ascore(fn, *args, **kwargs))
 
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Stop the worker processes (waits for the calls in flight)."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:

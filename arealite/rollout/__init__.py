@@ -9,11 +9,13 @@ from arealite.rollout.errors import (
 )
 from arealite.rollout.executor import RolloutWorkflowError, WorkflowExecutor
 from arealite.rollout.remote_sglang import RemoteSGLangEngine
+from arealite.rollout.watchdog import RolloutStalledError
 
 __all__ = [
     "GenerationError",
     "RemoteSGLangEngine",
     "RolloutError",
+    "RolloutStalledError",
     "RolloutWorkflowError",
     "ServerUnavailable",
     "TransientServerError",

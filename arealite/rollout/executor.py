@@ -19,12 +19,15 @@ Two ways in:
 
 An optional `should_accept(trajectory) -> bool` filter (dynamic sampling) drops trajectories;
 `prepare_batch` keeps pulling data until the batch is full. A workflow that raises makes the
-next `wait`/`rollout_batch`/`prepare_batch` raise; nothing is dropped silently.
+next `wait`/`rollout_batch`/`prepare_batch` raise; nothing is dropped silently. A wait that
+makes no progress for `rollout.stall_timeout` logs why, and raises after twice that
+(watchdog.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections import deque
@@ -36,12 +39,14 @@ import torch
 
 from arealite.config import InferenceEngineConfig
 from arealite.rollout.batch import concat_padded
+from arealite.rollout.watchdog import RolloutStalledError, Watchdog, adiagnose, report_stall
 
 if TYPE_CHECKING:
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
 
 Trajectory = dict[str, torch.Tensor]
 _WAIT_SLICE = 0.5  # seconds prepare_batch waits before topping up the queue again
+_POLL_S = 1.0  # longest a waiting call sleeps between looks at its state
 
 
 class RolloutWorkflowError(RuntimeError):
@@ -54,6 +59,7 @@ class _Episode:
     workflow: Any
     should_accept: Callable[[Trajectory], bool] | None
     ticket: asyncio.Future | None = None  # rollout_batch: where the result goes
+    started: float = 0.0  # monotonic time the episode started running
 
 
 def _oldest_version(traj: Trajectory) -> int | None:
@@ -83,7 +89,8 @@ class WorkflowExecutor:
         self._queued: deque[_Episode] = deque()  # submitted, waiting for capacity
         self._ready: deque[tuple[_Episode, Trajectory, int | None]] = deque()  # accepted: (episode, trajectory, oldest version)
         self._sync: deque[_Episode] = deque()  # rollout_batch episodes, waiting for concurrency
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: dict[asyncio.Task, _Episode] = {}  # running episodes
+        self.watchdog = Watchdog(config.stall_timeout)
         self._running_queued = 0  # started from _queued and not finished
         self._accepted = 0  # accepted since counting began (the staleness budget's usage)
         self._base_version: int | None = None
@@ -122,8 +129,9 @@ class WorkflowExecutor:
                 self._start(loop, self._queued.popleft())
 
     def _start(self, loop: asyncio.AbstractEventLoop, episode: _Episode) -> None:
-        task = loop.create_task(self._run(episode))
-        self._tasks.add(task)
+        episode.started = time.monotonic()
+        self._tasks[loop.create_task(self._run(episode))] = episode
+        self.watchdog.progress()
 
     async def _run(self, episode: _Episode) -> None:
         try:
@@ -138,7 +146,8 @@ class WorkflowExecutor:
         except Exception as e:  # reported to the consumer, never swallowed
             traj, error = None, e
         finally:
-            self._tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._tasks.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self.watchdog.progress()
         with self._lock:
             self.stats["failed" if error else ("accepted" if traj is not None else "rejected")] += 1
             if episode.ticket is not None:
@@ -202,29 +211,73 @@ class WorkflowExecutor:
     def wait(self, count: int, timeout: float | None = None) -> Trajectory:
         """Block until `count` accepted trajectories are ready; return them stacked and padded.
 
-        Raises TimeoutError after `timeout` seconds (the trajectories stay queued), or
-        RolloutWorkflowError if a workflow failed.
+        Raises TimeoutError after `timeout` seconds (the trajectories stay queued),
+        RolloutWorkflowError if a workflow failed, or RolloutStalledError when nothing
+        progressed for twice rollout.stall_timeout.
         """
+        return self._wait(count, timeout, time.monotonic())
+
+    def _wait(self, count: int, timeout: float | None, waiting_since: float) -> Trajectory:
         if count < 1:
             raise ValueError(f"wait(count={count}): count must be >= 1")
         if self.batch_size is None:
             self.batch_size = count
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:  # the watchdog's diagnostic needs the loop, which needs this lock: check outside it
+                taken = self._take_ready(count, deadline, self.watchdog.due(waiting_since), timeout)
+            if taken is not None:
+                return concat_padded(taken)
+            self._check_stall(waiting_since)
+
+    def _take_ready(self, count: int, deadline: float, wake: float, timeout: float | None) -> list[Trajectory] | None:
+        """(lock held) `count` ready trajectories, or None once `wake` (a watchdog check) is due."""
+        while True:
+            if self._error is not None:
+                error, self._error = self._error, None
+                raise error
+            if len(self._ready) >= count:
+                self._pop_stale()  # only when about to return: it scans every ready trajectory
+            if len(self._ready) >= count:
+                return [self._ready.popleft()[1] for _ in range(count)]
+            now = time.monotonic()
+            if now >= deadline:
+                raise TimeoutError(f"wait(count={count}) timed out after {timeout}s with {len(self._ready)} ready")
+            if now >= wake:
+                return None
+            self._lock.wait(min(deadline, wake, now + _POLL_S) - now)
+
+    # ---- the no-progress watchdog -----------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Queue sizes, the staleness budget's terms and the oldest running episode (diagnostics)."""
         with self._lock:
-            while True:
-                if self._error is not None:
-                    error, self._error = self._error, None
-                    raise error
-                if len(self._ready) >= count:
-                    self._pop_stale()  # only when about to return: it scans every ready trajectory
-                if len(self._ready) >= count:
-                    taken = [self._ready.popleft()[1] for _ in range(count)]
-                    break
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"wait(count={count}) timed out after {timeout}s with {len(self._ready)} ready")
-                self._lock.wait(remaining if remaining is not None else 1.0)
-        return concat_padded(taken)
+            limit = self._concurrency_limit()
+            free = (limit - len(self._tasks)) if limit else None
+            version = self.engine.get_version()
+            base = version if self._base_version is None else self._base_version
+            oldest = min(self._tasks.values(), key=lambda e: e.started, default=None)
+            return {
+                "queued": len(self._queued), "sync_waiting": len(self._sync), "running": len(self._tasks),
+                "ready": len(self._ready), "free": "unbounded" if free is None else free, "version": version,
+                "base": base, "k": self.config.max_head_offpolicyness, "batch_size": self.batch_size,
+                "accepted": self._accepted, "running_queued": self._running_queued,
+                "capacity": self._capacity() if self.batch_size is not None else None,
+                "oldest": None if oldest is None else (
+                    oldest.data.get("id"), type(oldest.workflow).__name__, time.monotonic() - oldest.started),
+            }  # fmt: skip
+
+    def _check_stall(self, waiting_since: float) -> None:
+        """From a caller's thread: log or raise the diagnostic when the watchdog says so."""
+        verdict = self.watchdog.verdict(waiting_since)
+        if verdict is None:
+            return
+        snapshot, idle = self.snapshot(), self.watchdog.idle(waiting_since)
+        try:
+            text = self.engine.loop.run(adiagnose(self.engine, snapshot, idle), timeout=self.config.health_check_timeout + 5)
+        except Exception as e:  # noqa: BLE001 - the diagnostic must not hide the stall
+            text = f"rollout made no progress for {idle:.0f}s (rollout.stall_timeout={self.config.stall_timeout}s); {snapshot} (server states unavailable: {e!r})"
+        report_stall(verdict, text)
 
     def prepare_batch(
         self, dataloader: Any, workflow: Any, should_accept: Callable[[Trajectory], bool] | None = None
@@ -241,12 +294,13 @@ class WorkflowExecutor:
             self.batch_size = batch_size
         if dataloader is not self._dataloader:
             self._dataloader, self._data_iter = dataloader, iter(dataloader)
+        waiting_since = time.monotonic()
         while True:
             while self._wants_data():
                 for record in self._next_records():
                     self.submit(record, workflow, should_accept)
             try:
-                return self.wait(self.batch_size, timeout=_WAIT_SLICE)
+                return self._wait(self.batch_size, _WAIT_SLICE, waiting_since)
             except TimeoutError:
                 continue
 
@@ -287,11 +341,35 @@ class WorkflowExecutor:
                 tickets.append(episode.ticket)
                 self.stats["submitted"] += 1
         self.schedule()
+        waiting_since = time.monotonic()
         try:
+            while True:
+                wake = min(self.watchdog.due(waiting_since), time.monotonic() + _POLL_S)
+                done, pending = await asyncio.wait(tickets, timeout=max(0.0, wake - time.monotonic()), return_when=asyncio.FIRST_EXCEPTION)
+                if not pending or any(t.cancelled() or t.exception() is not None for t in done):
+                    break
+                await self._acheck_stall(waiting_since, tickets)
             results = await asyncio.gather(*tickets)
+        except RolloutStalledError:
+            raise
         except Exception as e:
             raise RolloutWorkflowError(f"workflow {type(workflow).__name__} failed in rollout_batch: {e}") from e
         accepted = [traj for traj in results if traj is not None]
         if not accepted:
             raise RolloutWorkflowError(f"rollout_batch: all {len(data)} episodes were rejected; nothing to return")
         return concat_padded(accepted)
+
+    async def _acheck_stall(self, waiting_since: float, tickets: list[asyncio.Future]) -> None:
+        """On the loop: log or raise the diagnostic; on raising, cancel this call's episodes."""
+        verdict = self.watchdog.verdict(waiting_since)
+        if verdict is None:
+            return
+        text = await adiagnose(self.engine, self.snapshot(), self.watchdog.idle(waiting_since))
+        if verdict == "raise":
+            with self._lock:
+                self._sync = deque(e for e in self._sync if e.ticket not in tickets)
+            ours = [task for task, episode in self._tasks.items() if episode.ticket in tickets]
+            for task in ours:
+                task.cancel()
+            await asyncio.gather(*ours, return_exceptions=True)
+        report_stall(verdict, text)

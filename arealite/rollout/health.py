@@ -9,7 +9,7 @@ Two ways a server leaves the rotation:
 Requests in flight to a server that leaves are abandoned (`left_rotation` resolves) and
 resubmitted elsewhere by `agenerate`. Servers out of rotation are probed every
 `health_check_interval` seconds; one that answers first receives the weights it missed,
-then rejoins.
+then rejoins (after a broadcast it missed: at the next weight sync, see weight_update.py).
 """
 
 from __future__ import annotations
@@ -49,7 +49,23 @@ class HealthMonitor:
         """True if `address` answers GET /health with 200 within health_check_timeout."""
         config = self._engine.config
         try:
-            status, _ = await request(self._engine._session, "GET", address, "/health", None, config.health_check_timeout)
+            status, _ = await request(
+                self._engine._session, "GET", address, "/health", None, config.health_check_timeout, setting="rollout.health_check_timeout"
+            )
+        except TransientServerError:
+            return False
+        return status == 200
+
+    async def alive(self, address: str) -> bool:
+        """True if `address` answers GET /get_model_info within health_check_timeout: the
+        liveness check while the servers are paused, when SGLang's /health (a generation)
+        blocks."""
+        config = self._engine.config
+        try:
+            status, _ = await request(
+                self._engine._session, "GET", address, "/get_model_info", None, config.health_check_timeout,
+                setting="rollout.health_check_timeout",
+            )
         except TransientServerError:
             return False
         return status == 200
@@ -62,7 +78,8 @@ class HealthMonitor:
         ):
             try:
                 status, reply = await request(
-                    self._engine._session, "GET", address, path, None, self._engine.config.health_check_timeout
+                    self._engine._session, "GET", address, path, None, self._engine.config.health_check_timeout,
+                    setting="rollout.health_check_timeout",
                 )
                 if status == 200 and read(reply) is not None:
                     return int(read(reply))
@@ -106,16 +123,22 @@ class HealthMonitor:
             return
         self._misses[address] = self._misses.get(address, 0) + 1
         if self._misses[address] >= MISSES_TO_LEAVE:
-            self.take_out(address, f"{MISSES_TO_LEAVE} health probes in a row failed")
+            timeout = self._engine.config.health_check_timeout
+            self.take_out(address, f"{MISSES_TO_LEAVE} health probes in a row failed (each may take rollout.health_check_timeout={timeout}s)")
 
     async def _try_rejoin(self, address: str) -> None:
         if not await self.probe(address):
             return
         try:
-            await self._engine.weights.aresync(address)
+            ready = await self._engine.weights.aresync(address)
         except RolloutError as e:
             logger.warning("server %s is back but could not be given current weights: %s", address, e)
             return
+        if ready:
+            await self.bring_back(address)
+
+    async def bring_back(self, address: str) -> None:
+        """Put `address`, which holds the current weights, back into rotation."""
         self._engine._context_length[address] = await self.context_length(address)
         self._misses[address] = 0
         self._left.pop(address, None)

@@ -36,10 +36,12 @@ def generate_body(
     gconfig: GenerationHyperparameters,
     max_new_tokens: int,
     produced: int = 0,
+    lora_name: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body for one non-streamed /generate call with logprobs. `produced` is how many
     tokens earlier (interrupted) calls of the same sample returned: they count towards
-    `min_new_tokens`."""
+    `min_new_tokens`. `lora_name`: the loaded LoRA adapter to generate with (SGLang's
+    `lora_path`, which takes the adapter's name); None: the base model."""
     params = gconfig.sampling_params()
     params["max_new_tokens"] = int(max_new_tokens)
     if "min_new_tokens" in params:
@@ -54,6 +56,8 @@ def generate_body(
         "return_logprob": True,
         "stream": False,
     }
+    if lora_name:
+        body["lora_path"] = lora_name
     return body
 
 
@@ -69,11 +73,6 @@ def _as_int_version(value: Any) -> int | None:
         return int(str(value))
     except (TypeError, ValueError):
         return None
-
-
-def _logprob(value: Any) -> float:
-    # orjson writes -inf as null (§1.6)
-    return -math.inf if value is None else float(value)
 
 
 def parse_generate_reply(reply: Any) -> GenerateChunk:
@@ -95,7 +94,8 @@ def parse_generate_reply(reply: Any) -> GenerateChunk:
     triples = meta.get("output_token_logprobs")
     if triples is None:
         raise ValueError("/generate reply has no meta_info.output_token_logprobs; send return_logprob=true")
-    logprobs = [_logprob(t[0]) for t in triples]
+    # orjson writes -inf as null (§1.6); one comprehension: this runs for every generated token
+    logprobs = [-math.inf if t[0] is None else float(t[0]) for t in triples]
     tokens = reply.get("output_ids")
     if tokens is None:  # <= 0.4.10 omits output_ids (§7)
         tokens = [int(t[1]) for t in triples]
@@ -133,8 +133,9 @@ def token_versions(chunk: GenerateChunk, sent_version: int) -> list[int]:
     base = sent_version if chunk.server_version is None else min(chunk.server_version, sent_version)
     versions = [base] * len(chunk.tokens)
     for v, start, end in chunk.version_spans:
-        for i in range(max(0, start), min(end, len(versions))):
-            versions[i] = v
+        start, end = max(0, start), min(end, len(versions))
+        if end > start:
+            versions[start:end] = [v] * (end - start)
     return versions
 
 
@@ -148,6 +149,8 @@ def error_message(body: Any) -> str:
             return str(err)[:500]
         if "message" in body:
             return str(body["message"])[:500]
+        if body.get("error_message"):  # the LoRA endpoints' replies
+            return str(body["error_message"])[:500]
         if "detail" in body:
             return str(body["detail"])[:500]
     return str(body)[:500]

@@ -70,6 +70,7 @@ class RemoteSGLangEngine:
         self._session: Any = None
         self._version = 0
         self._version_lock = threading.Lock()
+        self._lora_name: str | None = None  # the adapter every /generate asks for (weight_update=lora)
         self._paused = False
         self._unpaused: asyncio.Event | None = None
         self._context_length: dict[str, int | None] = {}
@@ -125,6 +126,14 @@ class RemoteSGLangEngine:
         if self._session is not None:
             await self._session.close()
 
+    def __enter__(self) -> RemoteSGLangEngine:
+        """`with RemoteSGLangEngine(config) as rollout:` initializes, and destroys on exit (errors included)."""
+        self.initialize()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
     @property
     def loop(self) -> EventLoopThread:
         return self._loop
@@ -141,6 +150,17 @@ class RemoteSGLangEngine:
     def get_version(self) -> int:
         with self._version_lock:
             return self._version
+
+    def set_lora_adapter(self, name: str | None) -> None:
+        """Generate with the LoRA adapter the servers loaded as `name` (None: the base model).
+        Called by the weight sync on every trainer rank, while the client is paused."""
+        with self._version_lock:
+            self._lora_name = name or None
+
+    @property
+    def lora_adapter(self) -> str | None:
+        with self._version_lock:
+            return self._lora_name
 
     @property
     def paused(self) -> bool:
@@ -181,7 +201,9 @@ class RemoteSGLangEngine:
 
         async def one(address: str) -> None:
             try:
-                status, reply = await request(self._session, "POST", address, path, body, self.config.request_timeout)
+                status, reply = await request(
+                    self._session, "POST", address, path, body, self.config.control_timeout, setting="rollout.control_timeout"
+                )
             except TransientServerError as e:
                 self.health.take_out(address, str(e))
                 return
@@ -197,13 +219,38 @@ class RemoteSGLangEngine:
 
         disk: /update_weights_from_disk with `meta.path`; distributed: one
         /update_weights_from_distributed per bucket in `meta.buckets`, while the trainer's
-        rank 0 broadcasts the same tensors. The servers report `meta.version` afterwards.
+        rank 0 broadcasts the same tensors; lora: /load_lora_adapter with the adapter folder
+        `meta.path` as `meta.lora_name` (then `set_lora_adapter`). The servers report
+        `meta.version` afterwards.
         """
         return self._loop.submit(self.weights.aupdate(meta))
 
-    def init_weights_update_group(self, meta: WeightUpdateMeta) -> concurrent.futures.Future:
-        """Have server i join the trainer's process group as rank 1 + i (non-blocking)."""
-        return self._loop.submit(self.weights.ainit_group(meta))
+    def init_weights_update_group(self, meta: WeightUpdateMeta, members: list[str] | None = None) -> concurrent.futures.Future:
+        """Have server i of `members` (default: every server) join the trainer's process group
+        as rank 1 + i (non-blocking)."""
+        return self._loop.submit(self.weights.ainit_group(meta, members))
+
+    # The distributed weight sync's view of the servers (arealite.utils.distributed_sync); blocking.
+
+    def current_weight_group(self) -> tuple[WeightUpdateMeta | None, list[str]]:
+        """The weight-update group the servers last joined (None if none) and its members."""
+        return self.weights.group, list(self.weights.members)
+
+    def weight_group_candidates(self) -> list[str]:
+        """Servers a new weight-update group should hold: in rotation or awaiting weights, alive now."""
+        return self._loop.run(self.weights.acandidates())
+
+    def leave_weights_update_group(self) -> None:
+        """Forget the current weight-update group and have its members destroy it (best effort)."""
+        self._loop.run(self.weights.aleave_group())
+
+    def exclude_dead(self, addresses: list[str]) -> list[str]:
+        """Take the servers of `addresses` that are not alive (GET /get_model_info) out of rotation; returns them."""
+        return self._loop.run(self.weights.aexclude_dead(addresses))
+
+    def confirm_version(self, version: int) -> dict[str, str]:
+        """{server: weight_version} of the servers in rotation; raises if one reports another version."""
+        return self._loop.run(self.weights.aconfirm(version))
 
     # ---- generation -----------------------------------------------------------------------
 
@@ -228,6 +275,7 @@ class RemoteSGLangEngine:
             await self._unpaused.wait()  # resubmissions wait out a weight update client-side
             address = await self._pick(group, remaining, req.rid)
             sent_version = self.get_version()  # the servers hold at least this version (see token_versions)
+            lora_name = self.lora_adapter  # the adapter of that version (weight_update=lora)
             prompt = resp.input_tokens + resp.output_tokens
             now_budget = protocol.clamp_max_new_tokens(remaining, len(prompt), self._context_length.get(address))
             if now_budget <= 0:
@@ -242,12 +290,13 @@ class RemoteSGLangEngine:
                 resp.stop_reason = "length"  # the context is full
                 break
             try:
-                chunk = await self._call_server(address, prompt, req, now_budget, resp.output_len)
+                chunk = await self._call_server(address, prompt, req, now_budget, resp.output_len, lora_name)
             except TransientServerError as e:
                 failures = await self._after_failure(address, e, failures)
                 continue
             finally:
                 self.pool.release(address, remaining)
+            self.executor.watchdog.progress()
             resp.output_tokens += chunk.tokens
             resp.output_logprobs += chunk.logprobs
             resp.output_versions += protocol.token_versions(chunk, sent_version)
@@ -266,12 +315,12 @@ class RemoteSGLangEngine:
         return resp
 
     async def _call_server(
-        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int
+        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int, lora_name: str | None = None
     ) -> protocol.GenerateChunk:
         """One /generate call, abandoned as a transient failure if the server leaves the
         rotation meanwhile (a hung server never closes the connection)."""
         left = self.health.left_rotation(address)
-        call = asyncio.ensure_future(self._generate_once(address, prompt, req, max_new_tokens, produced))
+        call = asyncio.ensure_future(self._generate_once(address, prompt, req, max_new_tokens, produced, lora_name))
         try:
             await asyncio.wait((call, left), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -282,11 +331,11 @@ class RemoteSGLangEngine:
         return call.result()
 
     async def _generate_once(
-        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int
+        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int, lora_name: str | None = None
     ) -> protocol.GenerateChunk:
-        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced)
+        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced, lora_name)
         status, reply = await request(
-            self._session, "POST", address, "/generate", body, self.config.request_timeout, req.rid
+            self._session, "POST", address, "/generate", body, self.config.request_timeout, req.rid, "rollout.request_timeout"
         )
         if status != 200:
             raise GenerationError(f"/generate returned {status}: {protocol.error_message(reply)}", address, req.rid)

@@ -31,8 +31,12 @@ async def request(
     body: dict[str, Any] | None = None,
     timeout: float | None = None,
     rid: str = "",
+    setting: str = "",
 ) -> tuple[int, Any]:
-    """Send one request; return (status, parsed JSON or text). Raises TransientServerError."""
+    """Send one request; return (status, parsed JSON or text). Raises TransientServerError.
+
+    `setting` names the config field `timeout` comes from, so a timeout says what to raise.
+    """
     url = f"http://{address}{path}"
     client_timeout = aiohttp.ClientTimeout(total=timeout)
     try:
@@ -40,7 +44,8 @@ async def request(
             raw = await resp.read()
             status = resp.status
     except asyncio.TimeoutError as e:
-        raise TransientServerError(f"{method} {path} timed out after {timeout}s", address, rid) from e
+        hint = f"; raise {setting} if the server is only slow" if setting else ""
+        raise TransientServerError(f"{method} {path} timed out after {timeout}s{hint}", address, rid) from e
     except aiohttp.ClientError as e:
         raise TransientServerError(f"{method} {path} failed: {type(e).__name__}: {e}", address, rid) from e
     try:

@@ -12,12 +12,29 @@ weights that produced them. What else goes in the body follows the engine's `pau
 - in_place / retract: requests stay on the paused server, so nothing is aborted (a paused
   0.5.6+ server skips the write lock) and `flush_cache: false`, because a flush refused by
   kept requests kills the scheduler on 0.5.6-0.5.20 and fails the update on 0.5.22+ (§3.9).
-A server that is out of rotation is skipped and brought up to date when it rejoins.
+A server that is out of rotation is skipped and brought up to date when it rejoins: after a
+disk update at once, after a broadcast at the next sync, which rebuilds the group with it
+(`awaiting`).
+
+lora (docs/lora.md; servers started with --enable-lora): POST /load_lora_adapter
+`{"lora_name", "lora_path"}` with the adapter folder the trainer wrote, then
+/update_weight_version (loading an adapter does not set one), then /unload_lora_adapter of the
+adapter it replaces. Each version gets its own name, so a server never lacks the adapter the
+client asks for; a name already loaded (a trainer restarted against running servers) is
+unloaded and loaded again, since its files may differ now. Only pause mode abort: a request
+kept on a paused SGLang server would finish on the adapter it started with.
+
+Distributed groups (module `arealite.utils.distributed_sync` drives them): the client keeps
+the current group's `members`, sends bucket calls to exactly those, and keeps feeding the
+live ones when one fails, so the trainer's broadcast is held up by nobody but the failed
+server. `rollout.weight_update_timeout` bounds every wait, and goes in the init body as
+`timeout` (the server's rendezvous and collectives use it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING, Any
 
 from arealite.rollout import protocol
@@ -28,6 +45,10 @@ from arealite.types import WeightUpdateMeta
 if TYPE_CHECKING:
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
 
+logger = logging.getLogger(__name__)
+_DIST_SETTING = "rollout.weight_update_timeout"
+_SERVER_GRACE_S = 5.0  # the client waits this much longer than the server, so the server's own error arrives
+
 
 def _request_fields(keep_requests: bool) -> dict[str, Any]:
     """The update-body fields that say what happens to the server's requests (module doc)."""
@@ -35,32 +56,42 @@ def _request_fields(keep_requests: bool) -> dict[str, Any]:
 
 
 class WeightUpdater:
-    """Sends weight-update calls for one engine; remembers the last disk update for rejoiners."""
+    """Sends weight-update calls for one engine; remembers what a rejoining server missed."""
 
     def __init__(self, engine: RemoteSGLangEngine) -> None:
         self._engine = engine
         self._last_disk: WeightUpdateMeta | None = None
         self._last_distributed: WeightUpdateMeta | None = None
+        self._last_lora: WeightUpdateMeta | None = None
+        self.adapters: dict[str, str] = {}  # server -> the LoRA adapter name this client last loaded there
+        self.group: WeightUpdateMeta | None = None  # the distributed group the servers joined
+        self.members: list[str] = []  # its servers, rank 1 + i
+        self.awaiting: set[str] = set()  # back after a broadcast they missed; in the next group
+        self._pending: set[asyncio.Future] = set()  # fire-and-forget destroy calls
 
-    async def _post(self, address: str, path: str, body: dict[str, Any]) -> None:
+    async def _post(self, address: str, path: str, body: dict[str, Any], timeout: float | None = None, setting: str = "") -> None:
         engine = self._engine
+        if timeout is None:
+            timeout, setting = engine.config.request_timeout, "rollout.request_timeout"
         try:
-            status, reply = await request(engine._session, "POST", address, path, body, engine.config.request_timeout)
+            status, reply = await request(engine._session, "POST", address, path, body, timeout, setting=setting)
         except TransientServerError as e:
             raise WeightUpdateError(f"POST {path} failed: {e}", address) from e
         if status != 200 or (isinstance(reply, dict) and reply.get("success") is False):
             raise WeightUpdateError(f"POST {path} returned {status}: {protocol.error_message(reply)}", address)
 
-    async def _post_each(self, addresses: list[str], path: str, bodies: list[dict[str, Any]]) -> None:
-        """POST concurrently; a server that went down is taken out of rotation (it is re-synced
-        when it rejoins), any other failure is raised. Fails if no server took the update."""
+    async def _post_each(self, addresses: list[str], path: str, bodies: list[Any], post=None) -> None:
+        """POST concurrently (through `post(address, path, body)`, default one call); a server
+        that went down is taken out of rotation (it is re-synced when it rejoins), any other
+        failure is raised. Fails if no server took the update."""
+        post = post or self._post
         results = await asyncio.gather(
-            *(self._post(a, path, b) for a, b in zip(addresses, bodies)), return_exceptions=True
+            *(post(a, path, b) for a, b in zip(addresses, bodies)), return_exceptions=True
         )
         done = 0
         for address, result in zip(addresses, results):
             if isinstance(result, BaseException):
-                if isinstance(result.__cause__, TransientServerError) and not await self._engine.health.probe(address):
+                if isinstance(result.__cause__, TransientServerError) and not await self._engine.health.alive(address):
                     self._engine.health.take_out(address, f"it died during {path}; it gets the weights when back")
                     continue
                 raise result
@@ -72,6 +103,10 @@ class WeightUpdater:
     def _keeps_requests(self) -> bool:
         """Whether paused servers hold on to their requests (pause_mode in_place / retract)."""
         return self._engine.config.pause_mode != "abort"
+
+    @property
+    def _dist_timeout(self) -> float:
+        return self._engine.config.weight_update_timeout + _SERVER_GRACE_S
 
     @staticmethod
     def _disk_body(meta: WeightUpdateMeta, keep_requests: bool) -> dict[str, Any]:
@@ -92,10 +127,10 @@ class WeightUpdater:
         return body
 
     async def aupdate(self, meta: WeightUpdateMeta) -> None:
-        addresses = self._engine.pool.healthy
         if meta.type == "disk":
             if not meta.path:
                 raise WeightUpdateError("WeightUpdateMeta(type='disk') needs path= the folder holding the new weights")
+            addresses = self._engine.pool.healthy
             body = self._disk_body(meta, self._keeps_requests)
             await self._post_each(addresses, "/update_weights_from_disk", [body] * len(addresses))
             self._last_disk = meta
@@ -105,17 +140,76 @@ class WeightUpdater:
                     "WeightUpdateMeta(type='distributed') has no buckets; the trainer must fill meta.buckets "
                     "with the (name, dtype, shape) lists it broadcasts, in broadcast order"
                 )
-            for i in range(len(meta.buckets)):
-                body = self._distributed_body(meta, i)
-                await self._post_each(addresses, "/update_weights_from_distributed", [body] * len(addresses))
+            await self._broadcast_calls(meta)
             self._last_distributed = meta
+        elif meta.type == "lora":
+            if not meta.path or not meta.lora_name:
+                raise WeightUpdateError("WeightUpdateMeta(type='lora') needs path= the adapter folder and lora_name=")
+            addresses = self._engine.pool.healthy
+            await self._post_each(addresses, "/load_lora_adapter", [meta] * len(addresses), self._load_adapter)
+            self._last_lora = meta
         else:
-            raise WeightUpdateError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk' or 'distributed'")
+            raise WeightUpdateError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk', 'distributed' or 'lora'")
 
-    async def ainit_group(self, meta: WeightUpdateMeta) -> None:
+    async def _load_adapter(self, address: str, path: str, meta: WeightUpdateMeta) -> None:
+        """Load `meta`'s adapter on one server, set its version, unload the one it replaces."""
+        body = {"lora_name": meta.lora_name, "lora_path": meta.path}
+        try:
+            await self._post(address, path, body)
+        except WeightUpdateError as e:
+            if "already loaded" not in str(e):
+                raise
+            await self._post(address, "/unload_lora_adapter", {"lora_name": meta.lora_name})
+            await self._post(address, path, body)
+        # SGLang aborts every request on a version change unless told otherwise; none run while paused
+        await self._post(address, "/update_weight_version", {"new_version": str(meta.version), "abort_all_requests": False})
+        old, self.adapters[address] = self.adapters.get(address), meta.lora_name
+        if old is not None and old != meta.lora_name:
+            try:  # best effort: an adapter left behind costs memory, not correctness
+                await self._post(address, "/unload_lora_adapter", {"lora_name": old}, self._engine.config.control_timeout, "rollout.control_timeout")
+            except WeightUpdateError as e:
+                logger.warning("could not unload the replaced LoRA adapter %s from %s: %s", old, address, e)
+
+    async def _broadcast_calls(self, meta: WeightUpdateMeta) -> None:
+        """One call per bucket to each member of the group, in order. A member whose call fails
+        gets no more; the others keep receiving, so only the failed one can hold up the
+        trainer's broadcast. Raises WeightUpdateError naming every failed member."""
+        in_group = self.group is not None and self.group.group_name == meta.group_name
+        live = list(self.members if in_group else self._engine.pool.healthy)
+        failed: dict[str, str] = {}
+        path = "/update_weights_from_distributed"
+        for i in range(len(meta.buckets)):
+            body = self._distributed_body(meta, i)
+            results = await asyncio.gather(*(self._post_member(a, path, body) for a in live), return_exceptions=True)
+            for address, result in zip(list(live), results):
+                if isinstance(result, BaseException):
+                    failed[address] = str(result)
+                    live.remove(address)
+        if failed:
+            error = WeightUpdateError(f"{path} failed on {sorted(failed)}: " + "; ".join(failed.values()))
+            error.failed = failed  # type: ignore[attr-defined]
+            raise error
+        for address in sorted(self.awaiting & set(self.members if in_group else ())):
+            self.awaiting.discard(address)
+            await self._engine.health.bring_back(address)
+
+    async def _post_member(self, address: str, path: str, body: dict[str, Any]) -> None:
+        """One bucket call, abandoned if the server is taken out of rotation meanwhile (a hung
+        server would otherwise hold it until its timeout)."""
+        if not self._engine.pool.is_healthy(address):  # awaiting weights: out of rotation by design
+            return await self._post(address, path, body, self._dist_timeout, _DIST_SETTING)
+        call = asyncio.ensure_future(self._post(address, path, body, self._dist_timeout, _DIST_SETTING))
+        await asyncio.wait((call, self._engine.health.left_rotation(address)), return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            call.cancel()
+            raise WeightUpdateError(f"POST {path} abandoned: the server left the rotation", address)
+        return call.result()
+
+    async def ainit_group(self, meta: WeightUpdateMeta, members: list[str] | None = None) -> None:
+        """Have server i of `members` (default: all) join the trainer's group as rank 1 + i."""
         if meta.backend not in ("gloo", "nccl"):
             raise WeightUpdateError(f"WeightUpdateMeta.backend={meta.backend!r} is not supported; use 'gloo' or 'nccl'")
-        addresses = self._engine.pool.addresses
+        addresses = list(self._engine.pool.addresses if members is None else members)
         bodies = [
             {
                 "master_address": meta.master_address,
@@ -124,32 +218,97 @@ class WeightUpdater:
                 "world_size": 1 + len(addresses),
                 "group_name": meta.group_name,
                 "backend": meta.backend,
+                "timeout": float(meta.timeout),  # arealite's field (SGLang ignores it): bounds the server's waits
             }
             for i in range(len(addresses))
         ]
+        self.group, self.members = meta, addresses  # also when a join fails: aleave_group then tells them all
+        timeout = meta.timeout + _SERVER_GRACE_S
         results = await asyncio.gather(
-            *(self._post(a, "/init_weights_update_group", b) for a, b in zip(addresses, bodies)),
+            *(self._post(a, "/init_weights_update_group", b, timeout, _DIST_SETTING) for a, b in zip(addresses, bodies)),
             return_exceptions=True,
         )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0] if len(errors) == 1 else WeightUpdateError("; ".join(str(e) for e in errors))
 
-    async def aresync(self, address: str) -> None:
-        """Give a server that rejoins the rotation the newest weights it missed.
+    async def aleave_group(self) -> None:
+        """Forget the current group and tell its members to destroy it, without waiting: a
+        member may be dead or hung, and one whose receive failed has dropped it already."""
+        group, members = self.group, self.members
+        self.group, self.members = None, []
+        if group is None:
+            return
+        timeout = self._engine.config.health_check_timeout
+        for address in members:
+            task = asyncio.ensure_future(
+                self._post(address, "/destroy_weights_update_group", {"group_name": group.group_name}, timeout)
+            )
+            self._pending.add(task)
+            task.add_done_callback(self._forget)
 
-        After a distributed update this is impossible without the trainer (a restarted server
-        is not in the process group), so the server stays out rather than serve old weights
-        under the current version.
-        """
+    def _forget(self, task: asyncio.Future) -> None:
+        self._pending.discard(task)
+        if not task.cancelled():
+            task.exception()  # best effort: a failure here is expected and harmless
+
+    async def acandidates(self) -> list[str]:
+        """The servers a new group should hold: those in rotation and those awaiting weights,
+        each alive now (in address order, so ranks are stable). Liveness, not /health: the
+        servers are paused during a sync, and SGLang's /health blocks while paused."""
+        pool = self._engine.pool
+        wanted = [a for a in pool.addresses if pool.is_healthy(a) or a in self.awaiting]
+        alive = await asyncio.gather(*(self._engine.health.alive(a) for a in wanted))
+        return [a for a, ok in zip(wanted, alive) if ok]
+
+    async def aexclude_dead(self, addresses: list[str]) -> list[str]:
+        """Check `addresses` are alive; take those that are not out of rotation. Returns them."""
+        alive = await asyncio.gather(*(self._engine.health.alive(a) for a in addresses))
+        dead = [a for a, ok in zip(addresses, alive) if not ok]
+        for address in dead:
+            self.awaiting.discard(address)
+            self._engine.health.take_out(address, "it failed during a distributed weight update; it gets the weights at the next sync after it is back")
+        return dead
+
+    async def aconfirm(self, version: int) -> dict[str, str]:
+        """Every server in rotation reports `weight_version == version`. One that cannot be
+        reached and fails a probe leaves the rotation (re-synced when back); one serving
+        another version raises, since it would poison the next batch."""
+        engine = self._engine
+        addresses = engine.pool.healthy
+
+        async def ask(address: str) -> str | None:
+            try:
+                status, reply = await request(
+                    engine._session, "GET", address, "/get_model_info", None, engine.config.control_timeout, setting="rollout.control_timeout"
+                )
+            except TransientServerError as e:
+                if await engine.health.alive(address):
+                    raise WeightUpdateError(f"the version check failed: {e}", address) from e
+                engine.health.take_out(address, f"it died after the weight update to version {version}")
+                return None
+            return str(reply.get("weight_version")) if status == 200 and isinstance(reply, dict) else f"<HTTP {status}>"
+
+        seen = {a: v for a, v in zip(addresses, await asyncio.gather(*(ask(a) for a in addresses))) if v is not None}
+        wrong = {a: v for a, v in seen.items() if v != str(version)}
+        if wrong:
+            raise WeightUpdateError(f"after the weight sync to version {version}, servers report other versions: {wrong}")
+        return seen
+
+    async def aresync(self, address: str) -> bool:
+        """Give a server that rejoins the rotation the newest weights it missed; False when it
+        must wait for the next sync (weights that came by broadcast need the trainer)."""
         last_disk_version = self._last_disk.version if self._last_disk is not None else None
         if self._last_distributed is not None and (
             last_disk_version is None or self._last_distributed.version > last_disk_version
         ):
-            raise WeightUpdateError(
-                f"cannot rejoin: weights version {self._last_distributed.version} came by broadcast, "
-                "and a rejoining server must first be re-added to the weight-update group",
-                address,
-            )
-        if self._last_disk is not None:  # the rejoiner was never paused: nothing of ours to keep
+            if address not in self.awaiting:
+                self.awaiting.add(address)
+                logger.info("server %s is back; it rejoins once the next weight sync has broadcast it the weights", address)
+            return False
+        if self._last_lora is not None:  # a run syncs one way only
+            await self._load_adapter(address, "/load_lora_adapter", self._last_lora)
+        elif self._last_disk is not None:  # the rejoiner was never paused: nothing of ours to keep
             await self._post(address, "/update_weights_from_disk", self._disk_body(self._last_disk, keep_requests=False))
+        self.awaiting.discard(address)
+        return True

@@ -35,14 +35,18 @@ Deliberate differences from SGLang:
 * `ignore_eos` drops only the model's EOS ids; `stop_token_ids` always apply.
 * With `n > 1` and a `sampling_seed`, copy i uses seed + i (otherwise the copies would be equal).
 * A missing weight-update group is a clean 400 (SGLang asserts in its scheduler).
+* Per-request caps (limits.py: body bytes, JSON depth, `n`, tokens per request,
+  `top_logprobs_num`) answer 413/400; SGLang has none. `/init_weights_update_group` takes an
+  optional `timeout` (default `--dist-timeout`) bounding the rendezvous and every receive;
+  a group whose receive failed is dropped. A disk update needs a local directory.
 * `--dtype auto` runs fp32 on CPU (bf16 matmuls there are slow and imprecise).
 * Not supported (400 naming the field): `input_embeds`, grammars (`json_schema`, `regex`,
   `ebnf`, `structural_tag`, `stop_regex`), `load_format` on distributed updates. Ignored:
   LoRA, multimodal inputs; OpenAI routes are absent.
 
 Modules: cli (flags), app (routes, health/info, warmup), generate (/generate), control
-(pause, abort, flush), weights (updates), protocol (body parsing), sampling (params and
-sampler), scheduler (continuous batching), model_runner (forward + KV batch), request,
-output (result objects), errors (SGLang's error shapes), state (shared state and the
-pause/update gate), process (subprocess helper).
+(pause, abort, flush), weights (updates), protocol (body parsing), limits (request caps),
+sampling (params and sampler), scheduler (continuous batching), model_runner (forward + KV
+batch), request, output (result objects), errors (SGLang's error shapes), state (shared
+state and the pause/update gate), process (subprocess helper).
 """

@@ -16,8 +16,8 @@ import uuid
 
 from aiohttp import web
 
-from arealite.server import control, generate, weights
-from arealite.server.errors import json_response
+from arealite.server import control, generate, lora, weights
+from arealite.server.errors import json_response, status_response
 from arealite.server.request import Req
 from arealite.server.sampling import SamplingParams
 from arealite.server.state import ServerState
@@ -44,6 +44,11 @@ async def not_found_middleware(request: web.Request, handler):
         return json_response({"detail": "Not Found"}, status=404)
     except web.HTTPMethodNotAllowed:
         return json_response({"detail": "Method Not Allowed"}, status=405)
+    except web.HTTPRequestEntityTooLarge:  # raised by request.read() past client_max_size
+        limit = request.app["state"].limits.max_request_bytes
+        size = f"{request.content_length} bytes" if request.content_length is not None else "a body"
+        message = f"Request body too large: {size} over the server's limit of {limit} bytes (--max-request-bytes)."
+        return status_response(413, message)
 
 
 async def internal_generate(state: ServerState, input_ids: list[int], max_new_tokens: int, timeout: float) -> Req | None:
@@ -127,12 +132,15 @@ async def handle_v1_models(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
     name = state.served_model_name
     card = {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "sglang", "root": name, "parent": None, "max_model_len": state.context_len}
-    return json_response({"object": "list", "data": [card]})
+    adapters = lora.model_cards(state.runner.lora, name, int(state.started_at), state.context_len)
+    return json_response({"object": "list", "data": [card, *adapters]})
 
 
 def make_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[not_found_middleware, api_key_middleware], client_max_size=1 << 28)
+    limits = state.limits
+    app = web.Application(middlewares=[not_found_middleware, api_key_middleware], client_max_size=limits.max_request_bytes)
     app["state"] = state
+    app["limits"] = limits
     app["weight_groups"] = {}
     r = app.router
     r.add_route("POST", "/generate", generate.handle_generate)
@@ -155,6 +163,8 @@ def make_app(state: ServerState) -> web.Application:
     r.add_post("/update_weights_from_distributed", weights.handle_update_from_distributed)
     r.add_post("/destroy_weights_update_group", weights.handle_destroy_group)
     r.add_post("/update_weight_version", weights.handle_update_weight_version)
+    r.add_post("/load_lora_adapter", lora.handle_load)
+    r.add_post("/unload_lora_adapter", lora.handle_unload)
     return app
 
 

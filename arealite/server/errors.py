@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from arealite.server.limits import RequestLimits, json_depth_exceeds
+
 
 class RequestError(ValueError):
     """A bad request value; becomes 400 `{"error": {"message": ...}}` (or an in-band stream chunk)."""
@@ -63,23 +65,44 @@ def bad_body_response(message: str) -> web.Response:
     return json_response(body, status=400)
 
 
+def status_response(status: int, message: str) -> web.Response:
+    """SGLang's HTTPException shape, used for every error status other than 400 (§6)."""
+    body = {"object": "error", "message": message, "type": str(status), "param": None, "code": status}
+    return json_response(body, status=status)
+
+
 def stream_error_chunk(message: str) -> str:
     """0.5.16+ in-band error chunk of a stream that already started (HTTP status stays 200)."""
     body = {"error": {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}}
     return f"data: {dumps(body)}\n\n"
 
 
+def _reject_constant(name: str):
+    # Python's parser accepts NaN and Infinity; JSON (and SGLang's orjson) does not.
+    raise ValueError(f"{name} is not valid JSON")
+
+
 async def read_json_object(request: web.Request, required: bool = True) -> dict:
-    """The body as a JSON object. Missing/empty gives `{}` unless `required` (then BadBody)."""
+    """The body as a JSON object. Missing/empty gives `{}` unless `required` (then BadBody).
+
+    A body over `--max-request-bytes` raises aiohttp's 413 (answered by the app's
+    middleware); nesting deeper than `--max-json-depth` is a BadBody.
+    """
+    limits: RequestLimits = request.app.get("limits") or RequestLimits()
     raw = await request.read()
     if not raw.strip():
         if required:
             raise BadBody("1 validation error: body Field required [{'type': 'missing', 'loc': ('body',), 'msg': 'Field required', 'input': None}]")
         return {}
+    too_deep = False
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        body, too_deep = None, True  # nested beyond Python's stack: certainly beyond the limit
     except ValueError as e:
         raise BadBody(f"JSON decode error: {e}") from None
+    if too_deep or json_depth_exceeds(body, limits.max_json_depth):
+        raise BadBody(f"JSON decode error: the body nests deeper than {limits.max_json_depth} levels (the server's --max-json-depth)")
     if not isinstance(body, dict):
         raise BadBody(f"Input should be a valid dictionary or object, got {type(body).__name__}: {str(body)[:80]}")
     return body

@@ -25,8 +25,15 @@ DISCONNECT_CHECK_S = 1.0  # how often a waiting non-stream call checks that its 
 def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
     """Tokenize and length-check every item; raises RequestError on the first bad one."""
     reqs = []
+    encoded: dict[str, list[int]] = {}  # the n copies of a text prompt are tokenized once
+    total, cap = 0, state.limits.max_request_tokens
     for item in call.items:
-        prompt = item.input_ids if item.input_ids is not None else state.tokenizer.encode(item.text)
+        if item.input_ids is not None:
+            prompt = item.input_ids
+        else:
+            prompt = encoded.get(item.text)
+            if prompt is None:
+                prompt = encoded[item.text] = state.tokenizer.encode(item.text)
         if not prompt:
             raise RequestError("The text prompt encodes to zero tokens; send a non-empty prompt.")
         check_length(len(prompt), item.params.max_new_tokens, state.context_len)
@@ -37,6 +44,12 @@ def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
             max_new = min(DEFAULT_MAX_NEW_TOKENS, state.context_len - len(prompt))
         if item.params.min_new_tokens > max_new:
             raise RequestError(f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {item.params.min_new_tokens}.")
+        total += len(prompt) + max_new
+        if total > cap:
+            raise RequestError(
+                f"The request needs more than {cap} tokens (prompt + max_new_tokens summed over its {len(call.items)} "
+                f"sequences), the most the server accepts per request (--max-request-tokens). Split it or lower max_new_tokens."
+            )
         seed = item.params.sampling_seed
         seed = state.next_seed() if seed is None else seed + item.index  # n copies must differ
         reqs.append(
@@ -50,6 +63,7 @@ def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
                 logprob_start_len=item.logprob_start_len,
                 seed=seed,
                 stream=call.stream,
+                lora=state.runner.lora.resolve(item.lora_path),
             )
         )
     return reqs
@@ -66,7 +80,7 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
     state: ServerState = request.app["state"]
     try:
         body = await read_json_object(request)
-        call = parse_generate(body, state.runner.vocab_size)
+        call = parse_generate(body, state.runner.vocab_size, state.limits)
     except ValueError as e:  # BadBody, ContractError, RequestError, and SamplingParams.verify
         return error_response(e)
     if call.stream:

@@ -17,6 +17,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
 from arealite.server import attention
+from arealite.server.lora import AdapterSet
 
 DTYPES = {
     "auto": None,
@@ -118,10 +119,12 @@ class ModelRunner:
         # construction that costs as much as the forward of a tiny model. Only valid when no
         # layer needs a sliding-window mask.
         self._prebuilt_decode_mask = all(t == "full_attention" for t in layer_types)
+        self.lora = AdapterSet(self.model, self.lock)  # disabled until the CLI enables it (--enable-lora)
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], all_logits: bool = False) -> tuple[torch.Tensor, KVBatch]:
-        """Run left-padded prompts; returns fp32 logits ([n, V] last position, or [n, L, V]) and their cache."""
+    def prefill(self, prompts: list[list[int]], all_logits: bool = False, adapters: list | None = None) -> tuple[torch.Tensor, KVBatch]:
+        """Run left-padded prompts; returns fp32 logits ([n, V] last position, or [n, L, V]) and their cache.
+        `adapters[i]`: the LoRA adapter of prompt i (None: the base model)."""
         length = max(len(p) for p in prompts)
         ids = torch.zeros(len(prompts), length, dtype=torch.long)
         mask = torch.zeros(len(prompts), length, dtype=torch.long)
@@ -133,7 +136,7 @@ class ModelRunner:
         # No config: every layer is a plain full-length DynamicLayer that merge/select can
         # pad and slice; sliding-window models still get their window from the attention mask.
         cache = DynamicCache()
-        with self.lock:
+        with self.lock, self.lora.rows(adapters):
             out = self.model(
                 input_ids=ids,
                 attention_mask=mask,
@@ -147,14 +150,14 @@ class ModelRunner:
         return (logits if all_logits else logits[:, -1]), KVBatch(out.past_key_values, mask, next_pos)
 
     @torch.inference_mode()
-    def decode(self, batch: KVBatch, tokens: torch.Tensor) -> torch.Tensor:
+    def decode(self, batch: KVBatch, tokens: torch.Tensor, adapters: list | None = None) -> torch.Tensor:
         """Feed one pending token per row ([B] long); extends the cache; returns fp32 logits [B, V]."""
         mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)
         attention = mask
         if self._prebuilt_decode_mask:
             # Additive [B, 1, 1, L]: 0 on real tokens, dtype-min on padding (one query per row).
             attention = (1 - mask)[:, None, None, :].to(self.dtype) * torch.finfo(self.dtype).min
-        with self.lock:
+        with self.lock, self.lora.rows(adapters):
             out = self.model(
                 input_ids=tokens.to(self.device)[:, None],
                 attention_mask=attention,

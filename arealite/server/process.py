@@ -4,11 +4,14 @@
         requests.post(f"http://{server.address}/generate", json=...)
 
 The server binds a free loopback port, its output goes to a log file (`server.log_path`),
-and `launch_server_process` returns once `/health` answers 200.
+and `launch_server_process` returns once `/health` answers 200. Leaving the `with` block
+stops the server, also on an error; a server never stopped is stopped when this Python
+process exits (a notebook kernel shutting down or restarting).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import socket
@@ -82,6 +85,7 @@ class ServerProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout` seconds."""
+        _RUNNING.discard(self)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -95,6 +99,17 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+# Servers not stopped yet. A notebook kernel that shuts down (or a script that ends) with a
+# server still running stops it on the way out instead of leaving it behind.
+_RUNNING: set[ServerProcess] = set()
+
+
+@atexit.register
+def _stop_running() -> None:
+    for server in list(_RUNNING):
+        server.stop(timeout=5.0)
 
 
 def _healthy(url: str) -> bool:
@@ -132,12 +147,16 @@ def launch_server_process(
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     server = ServerProcess(proc, host, port, log_path)
+    _RUNNING.add(server)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not server.is_alive():
-            raise ServerStartError(f"server exited with code {proc.returncode}; log {log_path}:\n{server.log_tail()}")
-        if _healthy(server.url):
-            return server
-        time.sleep(0.2)
-    server.stop()
-    raise ServerStartError(f"server not healthy after {timeout} s; log {log_path}:\n{server.log_tail()}")
+    try:
+        while time.monotonic() < deadline:
+            if not server.is_alive():
+                raise ServerStartError(f"server exited with code {proc.returncode}; log {log_path}:\n{server.log_tail()}")
+            if _healthy(server.url):
+                return server
+            time.sleep(0.2)
+        raise ServerStartError(f"server not healthy after {timeout} s; log {log_path}:\n{server.log_tail()}")
+    except BaseException:  # also Ctrl-C / a notebook's interrupt while waiting
+        server.stop()
+        raise

@@ -12,10 +12,13 @@ import uuid
 from dataclasses import dataclass
 
 from arealite.server.errors import ContractError, RequestError
+from arealite.server.limits import I64_MAX, I64_MIN, RequestLimits
+from arealite.server.lora import lora_paths
 from arealite.server.sampling import SAMPLING_KEYS, SamplingParams
 
 _INT_KEYS = {"max_new_tokens", "min_new_tokens", "top_k", "n", "sampling_seed", "stream_interval"}
 _FLOAT_KEYS = {"temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"}
+_F64_MAX_INT = int(1.7976931348623157e308)
 _BOOL_KEYS = {"ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"}
 
 
@@ -31,6 +34,7 @@ class GenItem:
     return_logprob: bool
     top_logprobs_num: int
     logprob_start_len: int
+    lora_path: str | None = None  # the LoRA adapter's name (server/lora.py)
 
 
 @dataclass
@@ -67,6 +71,11 @@ def _expect(value, kind: str, where: str):
     }[kind]
     if not ok:
         raise ContractError(f"invalid type: {_describe(value)}, expected {kind} at `{where}`")
+    if kind == "i64" and not I64_MIN <= value <= I64_MAX:
+        shown = str(value) if abs(value) < 10**30 else f"{str(value)[:12]}... ({len(str(abs(value)))} digits)"
+        raise ContractError(f"invalid value: integer `{shown}`, expected i64 at `{where}`")
+    if kind == "f64" and isinstance(value, int) and abs(value) > _F64_MAX_INT:  # float() would overflow
+        raise ContractError(f"invalid value: number out of range, expected f64 at `{where}`")
     return float(value) if kind == "f64" else value
 
 
@@ -118,12 +127,15 @@ def _prompts(body: dict) -> tuple[list, bool, bool]:
         raise RequestError("input_embeds is not supported by the built-in arealite server; send input_ids or text.")
     if given[0] == "text":
         text = body["text"]
-        if isinstance(text, str):
-            return [text], True, False
-        items = [_expect(t, "a string", "text") for t in _as_list(text, "text")]
+        items = [text] if isinstance(text, str) else [_expect(t, "a string", "text") for t in _as_list(text, "text")]
         if not items:
             raise RequestError("text cannot be an empty list.")
-        return items, True, True
+        for t in items:
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate escape such as "\ud800": no tokenizer takes it
+                raise RequestError("text is not valid Unicode (it holds a lone surrogate code point).") from None
+        return items, True, not isinstance(text, str)
     ids = _as_list(body["input_ids"], "input_ids")
     if not ids:
         raise RequestError("input_ids cannot be empty.")
@@ -160,29 +172,50 @@ def _rids(body: dict, size: int, is_batch: bool) -> list[str]:
     return rids
 
 
-def parse_generate(body: dict, vocab_size: int) -> GenerateCall:
-    """Validate a /generate body and expand it to one GenItem per generated sequence."""
+def _check_range(name: str, values: list[int], low: int, high: int, note: str = "") -> None:
+    for value in values:
+        if not low <= value <= high:
+            raise RequestError(f"{name} must be in [{low}, {high}]{note}, got {value}.")
+
+
+def parse_generate(body: dict, vocab_size: int, limits: RequestLimits | None = None) -> GenerateCall:
+    """Validate a /generate body and expand it to one GenItem per generated sequence.
+
+    Everything that does not need the tokenizer is checked here, before any expansion, so an
+    oversized `n` or batch costs nothing; make_reqs checks the token total after tokenizing.
+    """
+    limits = limits or RequestLimits()
     prompts, are_texts, is_batch = _prompts(body)
     size = len(prompts)
     raw_sp = body.get("sampling_params")
     if isinstance(raw_sp, list):
         if len(raw_sp) != size:
             raise RequestError(f"sampling_params has {len(raw_sp)} entries but the batch has {size} prompts.")
-        raw_list = [dict(sp) if isinstance(sp, dict) else sp for sp in raw_sp]
+        params = [parse_sampling_params(dict(sp) if isinstance(sp, dict) else sp) for sp in raw_sp]
     else:
-        raw_list = [raw_sp] * size
-    params = [parse_sampling_params(sp) for sp in raw_list]
-    for p in params:
+        params = [parse_sampling_params(raw_sp)] * size  # one object shared by every item
+    for p in {id(p): p for p in params}.values():
         p.verify(vocab_size)
     n = params[0].n
     if any(p.n != n for p in params):
         raise RequestError("The parallel_sample_num should be the same for all samples in sample params.")
+    _check_range("n", [n], 1, limits.max_parallel_samples, " (the server's --max-parallel-samples)")
+    if size * n > limits.max_request_tokens:  # every sequence needs at least one token
+        raise RequestError(
+            f"The request asks for {size * n} sequences ({size} prompts x n={n}); the server accepts at most "
+            f"{limits.max_request_tokens} tokens per request (--max-request-tokens)."
+        )
     return_logprob = _per_item(body, "return_logprob", False, "a boolean", size, n)
     top_num = _per_item(body, "top_logprobs_num", 0, "i64", size, n)
+    _check_range("top_logprobs_num", top_num, 0, min(vocab_size, limits.max_top_logprobs_num), " (the server's --max-top-logprobs-num)")
     start_len = _per_item(body, "logprob_start_len", -1, "i64", size, n)
+    for value in start_len:
+        if value < -1:
+            raise RequestError(f"logprob_start_len must be -1 (output logprobs only) or a prompt position >= 0, got {value}.")
     stream = _expect(body.get("stream", False), "a boolean", "stream")
     text_in_lp = _expect(body.get("return_text_in_logprobs", False), "a boolean", "return_text_in_logprobs")
     rids = _rids(body, size, is_batch)
+    loras = lora_paths(body, size)
     if n > 1:
         is_batch = True
     if not are_texts:
@@ -203,6 +236,7 @@ def parse_generate(body: dict, vocab_size: int) -> GenerateCall:
                     return_logprob=return_logprob[i],
                     top_logprobs_num=top_num[i],
                     logprob_start_len=start_len[i],
+                    lora_path=loras[i],
                 )
             )
     return GenerateCall(items, is_batch, stream, text_in_lp)

@@ -29,6 +29,7 @@ class Req:
     logprob_start_len: int = -1
     seed: int = 0
     stream: bool = False
+    lora: object | None = None  # the LoRA adapter (server/lora.py) this sequence generates with; None: base model
     # Called from the scheduler thread with (req, n_output_tokens, finished).
     on_event: Callable[[Req, int, bool], None] | None = None
 

@@ -17,6 +17,7 @@ import torch
 GREEDY_EPS = 1e-6
 TOP_K_ALL = 1 << 30  # SGLang 0.5.16+'s spelling of "whole vocabulary"
 MAX_STOP_STRINGS = 32  # 0.5.23 caps the stop list
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values; beyond it fp32 logits overflow to inf
 
 
 @dataclass
@@ -79,8 +80,11 @@ class SamplingParams:
         _check(all(s for s in self.stop), "stop strings must be non-empty.")
         for t in self.stop_token_ids:
             _check(0 <= t < vocab_size, f"stop_token_ids entry {t} is outside the vocabulary [0, {vocab_size}).")
-        for k in self.logit_bias or {}:
-            _check(k.lstrip("-").isdigit() and 0 <= int(k) < vocab_size, f"logit_bias key {k!r} is not a token id in [0, {vocab_size}).")
+        for k, bias in (self.logit_bias or {}).items():
+            _check(k.isascii() and k.isdigit() and len(k) <= 12 and int(k) < vocab_size, f"logit_bias key {k[:40]!r} is not a token id in [0, {vocab_size}).")
+            _check(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias} for token {k}.")
+        if self.stream_interval is not None:
+            _check(self.stream_interval >= 1, f"stream_interval must be at least 1, got {self.stream_interval}.")
         for name in ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag"):
             _check(getattr(self, name) is None, f"{name} is not supported by the built-in arealite server; remove it.")
 

@@ -201,7 +201,7 @@ class Scheduler:
         if not batch:
             return
         want_input = [r for r in batch if r.logprob_start_len >= 0 and not r.started]
-        logits, kv = self.runner.prefill([r.tokens for r in batch], all_logits=bool(want_input))
+        logits, kv = self.runner.prefill([r.tokens for r in batch], all_logits=bool(want_input), adapters=[r.lora for r in batch])
         if want_input:
             self._input_logprobs(batch, logits)
             logits = logits[:, -1]
@@ -234,7 +234,7 @@ class Scheduler:
 
     def _decode_step(self) -> None:
         tokens = torch.tensor([r.output_ids[-1] for r in self.running], dtype=torch.long)
-        logits = self.runner.decode(self.kv, tokens)
+        logits = self.runner.decode(self.kv, tokens, adapters=[r.lora for r in self.running])
         self.decode_steps += 1
         finished = self._sample_and_advance(self.running, logits)
         self._drop_rows(finished)

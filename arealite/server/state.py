@@ -13,6 +13,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from arealite.server.limits import RequestLimits
 from arealite.server.model_runner import ModelRunner
 from arealite.server.scheduler import Scheduler
 
@@ -80,6 +81,7 @@ class ServerState:
     served_model_name: str
     weight_version: str
     seed_source: object  # torch.Generator drawing per-request seeds
+    limits: RequestLimits = field(default_factory=RequestLimits)
     gate: Gate = field(default_factory=Gate)
     ready: bool = False
     active_rids: set[str] = field(default_factory=set)

@@ -3,10 +3,10 @@
     python -m arealite.tools.sft_warmstart --config configs/tiny_cpu.yaml [key=value ...]
 
 Reads the same experiment config as the training script: the records come from
-`train_dataset`, the optimizer settings from `sft` (steps, batch_size, lr, seed), the output
-folder is `actor.path`. Does nothing when `actor.path` already holds a model, so it can sit
-in `launcher.setup_commands` and run only on the first launch. Deterministic for a seed:
-one process, a seeded data order, fp32 on CPU.
+`train_dataset` (mapped by `sft.records_fn` when set), the optimizer settings from `sft`
+(steps, batch_size, lr, seed), the output folder is `actor.path`. Does nothing when
+`actor.path` already holds a model, so it can sit in `launcher.setup_commands` and run only
+on the first launch. Deterministic for a seed: one process, a seeded data order, fp32 on CPU.
 
 Used for the CPU main job, where a random tiny model must first learn the answer format
 (deliberately under-trained, so GRPO has something left to learn).
@@ -37,6 +37,7 @@ def run_warm_start(config: GRPOConfig) -> str:
     from arealite.data.loader import load_records
     from arealite.train.engine import FSDPEngine
     from arealite.train.sft import sft_batch, sft_step
+    from arealite.utils.imports import import_object
 
     sft = config.sft
     if not sft.base_path:
@@ -52,6 +53,8 @@ def run_warm_start(config: GRPOConfig) -> str:
     ).initialize()
     tokenizer = AutoTokenizer.from_pretrained(sft.base_path)
     records = load_records(config.train_dataset, split="train", seed=config.seed)
+    if sft.records_fn:  # e.g. demonstrations of a tool-calling format (configs/tiny_cpu_tools.yaml)
+        records = import_object(sft.records_fn)(records, tokenizer, config)
     rng = random.Random(sft.seed)
     started = time.monotonic()
     for step in range(sft.steps):

@@ -5,7 +5,7 @@
 The tokenizer is a byte-level BPE trained on the spot with Qwen2's own normalizer and
 pre-tokenizer (digits split one by one), so `AutoTokenizer` on the folder — which builds a
 `Qwen2Tokenizer` from `config.json`'s model type — encodes exactly like the raw tokenizer.
-It carries ChatML special tokens and a ChatML chat template. Weights are random and
+It carries ChatML special tokens and a ChatML chat template (with Qwen2.5's tool-call markup). Weights are random and
 deterministic for a seed. Used by tests and by the CPU main job; no model hub is needed.
 """
 
@@ -22,11 +22,42 @@ QWEN2_SPLIT_PATTERN = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# ChatML. Without tools every message renders as `<|im_start|>role\ncontent<|im_end|>\n`.
+# With tools it uses Qwen2.5's tool markup (so `arealite.chat` parses both alike): a system
+# turn listing each tool as `name(params): description` (terse, for a tiny context), assistant
+# tool calls as `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, and tool results
+# as a user turn of `<tool_response>` blocks.
 CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '# Tools\n' }}"
+    "{%- for tool in tools %}"
+    "{%- set fn = tool['function'] if tool['function'] is defined else tool %}"
+    "{%- set params = fn['parameters']['properties'] if fn['parameters'] is defined else {} %}"
+    "{{- fn['name'] + '(' + (params | list | join(', ')) + '): ' + (fn['description'] or '') + '\n' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message['content'] %}{{- '\n' + message['content'] }}{%- endif %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set fn = call['function'] if call['function'] is defined else call %}"
+    "{{- '\n<tool_call>\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' + (fn['arguments'] | tojson) + '}\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
 )
 
 _WORDS = (

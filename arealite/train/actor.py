@@ -19,10 +19,12 @@ Which loss variant runs is chosen by config fields that name functions in
 
 from __future__ import annotations
 
+import time
 from functools import partial
 
 import torch
 
+from arealite.algo import advantages as A
 from arealite.algo import losses as L
 from arealite.config import PPOActorConfig
 from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
@@ -42,6 +44,7 @@ class PPOActor(FSDPEngine):
         optimizer_steps = None if total_train_steps is None else total_train_steps * config.ppo_n_minibatches
         super().__init__(config, optimizer_steps, build_model)
         self.config: PPOActorConfig = config
+        self._advantage_stats: dict[str, float] = {}  # of the last compute_advantages, for ppo_update
 
     @torch.no_grad()
     def compute_logp(self, batch: Batch, temperature: float | None = None) -> torch.Tensor:
@@ -56,6 +59,12 @@ class PPOActor(FSDPEngine):
     def compute_advantages(self, batch: Batch) -> Batch:
         """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it.
 
+        With `mask_no_eos_with_zero` it also replaces `loss_mask` by one without the truncated
+        responses (so the critic's update skips them too).
+
+        The estimate runs on the trainer's device (the Triton kernels on CUDA) and the results
+        come back to the batch's device. Its wall time and backend land in the stats of the
+        next `ppo_update` (`time/advantages`, `advantages/backend_triton`: 1 Triton, 0 torch).
         A KL-in-reward penalty reads `prox_logp`: if the batch lacks it (and
         `recompute_logprob` is on) it is computed here first and left in `batch`, so the
         update uses the same values; collective then.
@@ -64,7 +73,15 @@ class PPOActor(FSDPEngine):
         kl_reads_prox = cfg.recompute_logprob and cfg.kl_ctl > 0 and cfg.kl_in_reward
         if kl_reads_prox and "prox_logp" not in batch:
             batch["prox_logp"] = self.compute_logp(batch)
-        batch.update(estimate_advantages(batch, cfg))
+        started = time.perf_counter()
+        home = batch["loss_mask"].device
+        on_device = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        result = {k: v.to(home) for k, v in estimate_advantages(on_device, cfg).items()}  # .to(home) waits for it
+        batch.update(result)
+        self._advantage_stats = {
+            "time/advantages": time.perf_counter() - started,
+            "advantages/backend_triton": float(A.backend(self.device) == "triton"),
+        }
         return batch
 
     def ppo_update(self, batch: Batch) -> list[dict[str, float]]:
@@ -96,10 +113,12 @@ class PPOActor(FSDPEngine):
         agg = L.AGGREGATIONS[cfg.loss_agg_mode]
         loss_fn = partial(actor_loss, config=cfg)
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
-        return [
+        out = [
             self.train_batch(select(batch, rows), loss_fn, weight_fn)
             for rows in balanced_partition(lens, cfg.ppo_n_minibatches)
         ]
+        advantage_stats, self._advantage_stats = self._advantage_stats, {}
+        return [{**stats, **advantage_stats} for stats in out]
 
 
 FSDPPPOActor = PPOActor  # the name used in DESIGN.md's loop

@@ -1,6 +1,9 @@
 """From a batch's rewards (and critic values) to token-aligned advantages, as the config says.
 
 Steps, each a call into `arealite.algo.advantages`:
+0. `mask_no_eos_with_zero`: truncated responses (`batch["truncated"]`, set by the workflows)
+   leave the loss mask and score 0, so they count as failures in their group's baseline
+   but get no gradient of their own.
 1. Reward shaping per sequence: `clip((r + reward_bias) * reward_scaling, ±reward_clip)`,
    plus DAPO's soft overlong penalty on responses that run into the last `overlong_tokens`
    of the budget.
@@ -29,6 +32,11 @@ def shaped_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor, config: PPOAc
     """Scaled, biased, clipped rewards [B] with the overlong penalty added."""
     r = ((rewards.float() + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
     if config.overlong_tokens:
+        if config.max_new_tokens is None:
+            raise ValueError(
+                f"actor.overlong_tokens={config.overlong_tokens} needs actor.max_new_tokens (the generation budget; "
+                "GRPOConfig fills it from gconfig.max_new_tokens)"
+            )
         # DAPO: linear penalty from 0 at (budget - overlong_tokens) to -factor at the budget.
         free = config.max_new_tokens - config.overlong_tokens
         gen_len = loss_mask.sum(-1).float()
@@ -38,9 +46,20 @@ def shaped_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor, config: PPOAc
 
 
 def estimate_advantages(batch: Batch, config: PPOActorConfig) -> dict[str, torch.Tensor]:
-    """`{"advantages": [B, T]}` (plus `"returns"` on the token-level path); zero off the loss mask."""
+    """`{"advantages": [B, T]}` (plus `"returns"` on the token-level path); zero off the loss mask.
+
+    With `mask_no_eos_with_zero` also `"loss_mask"`: the batch's, without truncated responses.
+    """
     loss_mask = batch["loss_mask"]
     score = shaped_rewards(batch["rewards"], loss_mask, config)  # [B]
+    out: dict[str, torch.Tensor] = {}
+    if config.mask_no_eos_with_zero:
+        if "truncated" not in batch:
+            raise KeyError("actor.mask_no_eos_with_zero needs batch['truncated'] [B] (RLVRWorkflow and MultiTurnWorkflow set it)")
+        cut = batch["truncated"].to(score.device).bool()
+        score = torch.where(cut, torch.zeros_like(score), score)
+        loss_mask = out["loss_mask"] = loss_mask * ~cut.to(loss_mask.device)[:, None]
+        batch = {**batch, "loss_mask": loss_mask}
     if config.adv_norm in GROUP_MODES:
         G = config.group_size
         if score.shape[0] % G != 0:
@@ -50,9 +69,8 @@ def estimate_advantages(batch: Batch, config: PPOActorConfig) -> dict[str, torch
             )
         score = A.group_normalize(score, G, mode=GROUP_MODES[config.adv_norm], eps=config.adv_eps)
     token_level = "values" in batch or (config.kl_ctl > 0 and config.kl_in_reward)
-    out: dict[str, torch.Tensor] = {}
     if token_level:
-        out = _token_level(batch, score, config)
+        out.update(_token_level(batch, score, config))
         adv = out["advantages"]
     else:
         adv = A.broadcast_to_tokens(score, loss_mask)

@@ -8,7 +8,9 @@ equals the one from the whole global batch at once (FSDP averages gradients over
 which the engine undoes by a factor of world size).
 
 Sharding: `fully_shard` on every decoder layer, then on the root. Mixed precision: bf16
-compute with fp32 master weights and fp32 gradient reduction on CUDA; fp32 on CPU.
+compute with fp32 master weights and fp32 gradient reduction on CUDA; fp32 on CPU
+(`config.dtype` pins either). Micro-batches move to the engine's device before the forward,
+so `loss_fn` and `post_hook` see every tensor on the device of the logits.
 Every rank runs the same number of micro-batches (FSDP's all-gathers must line up); a rank
 with fewer sequences than that runs zero-weight filler micro-batches.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -40,6 +42,7 @@ LossWeightFn = Callable[[Batch], float]
 # post_hook(logits [N, V], packed micro-batch) -> per-token result [N, ...]
 PostHook = Callable[[torch.Tensor, Batch], torch.Tensor]
 ModelBuilder = Callable[[str, str], torch.nn.Module]
+_Engine = TypeVar("_Engine", bound="FSDPEngine")
 
 
 def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
@@ -52,11 +55,11 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
 
 
-def _attn_implementation() -> str:
-    # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA;
-    # elsewhere our varlen sdpa pads per sequence (transformers' own sdpa path would build a
-    # dense N x N block-diagonal mask: quadratic in the micro-batch's total tokens).
-    if torch.cuda.is_available():
+def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
+    # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA
+    # (in bf16/fp16 only); elsewhere our varlen sdpa pads per sequence (transformers' own sdpa
+    # path would build a dense N x N block-diagonal mask: quadratic in the micro-batch's tokens).
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         try:
             import flash_attn  # noqa: F401
 
@@ -64,6 +67,26 @@ def _attn_implementation() -> str:
         except ImportError:
             pass
     return varlen_attention.register()
+
+
+# The default process group, when an engine started it (a notebook, a plain script), ends with
+# the last engine destroyed, so a `with` block leaves no group behind; one that was up before
+# (torchrun's, or the caller's init_distributed()) is never ended here.
+_group = {"engines": 0, "started_by_engine": False}
+
+
+def _join_process_group() -> None:
+    if not dist_utils.is_initialized():
+        dist_utils.init_distributed()
+        _group["started_by_engine"] = True
+    _group["engines"] += 1
+
+
+def _leave_process_group() -> None:
+    _group["engines"] -= 1
+    if _group["engines"] == 0 and _group["started_by_engine"]:
+        _group["started_by_engine"] = False
+        dist_utils.destroy_distributed()
 
 
 class FSDPEngine:
@@ -91,17 +114,23 @@ class FSDPEngine:
         self.scheduler = None
         self.weight_update_groups: dict[str, Any] = {}  # group name -> process group (rank 0 only)
         self.version = 0  # weight version of the current parameters; set by the weight sync
+        self._in_process_group = False  # counted among the default group's engines (see _join_process_group)
 
     def initialize(self) -> "FSDPEngine":
         """Join the process group, load and shard the model, build AdamW; collective. Returns self."""
         if self._model is not None:
             return self
-        dist_utils.init_distributed()
+        _join_process_group()
+        self._in_process_group = True
         config = self.config
         self.device = dist_utils.device()
         self.compute_dtype = self._compute_dtype(config.dtype)
-        model = self._build_model(config.path, _attn_implementation())
+        model = self._build_model(config.path, _attn_implementation(self.device, self.compute_dtype))
         self.hf_config = model.config
+        if config.lora is not None:  # before sharding, so the adapter is sharded with its layer
+            from arealite.train.lora import apply_lora
+
+            model = apply_lora(model, config.lora)
         if config.gradient_checkpointing:
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
                 model.activation_checkpointing_enable({"use_reentrant": False})
@@ -110,8 +139,9 @@ class FSDPEngine:
         self._model = self._shard(model)
         if config.optimizer is not None:
             opt = config.optimizer
+            trainable = [p for p in self._model.parameters() if p.requires_grad]  # LoRA: the adapter only
             self.optimizer = torch.optim.AdamW(
-                self._model.parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
+                trainable, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
                 weight_decay=opt.weight_decay,
             )  # fmt: skip
             self.scheduler = build_scheduler(self.optimizer, opt, self.total_train_steps)
@@ -123,6 +153,11 @@ class FSDPEngine:
             raise RuntimeError(f"{type(self).__name__} is not initialized; call .initialize() first")
         return self._model
 
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Whether any module recomputes activations in backward (any transformers 5.x)."""
+        return any(getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules())
+
     def set_version(self, version: int) -> None:
         """Record the weight version the servers now hold (called by the weight sync)."""
         self.version = version
@@ -131,13 +166,26 @@ class FSDPEngine:
         return self.version
 
     def destroy(self) -> None:
-        """Drop the model, optimizer and weight-update groups (the default group stays up)."""
+        """Drop the model, optimizer and weight-update groups. The default process group ends
+        with the last engine when an engine started it (one already up, e.g. torchrun's, stays)."""
         for name in list(self.weight_update_groups):
-            from arealite.utils.process_group import release_store
-
-            del self.weight_update_groups[name]
-            release_store(name)
+            self.destroy_weight_update_group(name)
         self._model = self.optimizer = self.scheduler = None
+        if self._in_process_group:
+            self._in_process_group = False
+            _leave_process_group()
+
+    def __enter__(self: _Engine) -> _Engine:
+        """`with PPOActor(...) as actor:` initializes, and destroys on exit (errors included)."""
+        try:
+            self.initialize()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
 
     # ---- setup ----
 
@@ -185,12 +233,16 @@ class FSDPEngine:
             out.append((filler, None))
         return out
 
+    def _to_device(self, mb: Batch) -> Batch:
+        """The packed micro-batch with every tensor on the engine's device."""
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
+
     def _forward_packed(self, mb: Batch) -> torch.Tensor:
         """Logits [N, V] of one packed micro-batch (attention confined per sequence)."""
+        longest = int((mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).max())  # the attention needs it as an int
         ids = mb["input_ids"].to(self.device)[None]
         pos = mb["position_ids"].to(self.device)[None]
         cu = mb["cu_seqlens"].to(self.device, torch.int32)
-        longest = int((cu[1:] - cu[:-1]).max())
         out = self.model(
             input_ids=ids, position_ids=pos, use_cache=False,
             cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
@@ -227,6 +279,7 @@ class FSDPEngine:
         acc = StatsAccumulator()
         for i, (mb, rows) in enumerate(mbs):
             self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # reduce-scatter once, at the end
+            mb = self._to_device(mb)
             loss, stats = loss_fn(self._forward_packed(mb), mb)
             scale = weights[i] / total * dist_utils.world_size() if total > 0 else 0.0
             (loss * scale).backward()
@@ -251,6 +304,7 @@ class FSDPEngine:
         B, T = batch["attention_mask"].shape
         result: torch.Tensor | None = None
         for mb, rows in self._micro_batches(batch):
+            mb = self._to_device(mb)
             logits = self._forward_packed(mb)
             y = logits if post_hook is None else post_hook(logits, mb)
             if rows is None:
@@ -262,11 +316,21 @@ class FSDPEngine:
         return result
 
     def save(self, path: str) -> None:
-        """Write the model as an HF folder (config, safetensors, tokenizer files); collective."""
+        """Write the model as an HF folder (config, safetensors, tokenizer files); collective.
+        With `config.lora`, the adapter alone as a peft folder (train/lora.py)."""
+        if self.config.lora is not None:
+            from arealite.train.lora import save_adapter
+
+            return save_adapter(self.model, self.config.lora, path, base_model_path=self.config.path)
         W.save_hf(self.model, self.hf_config, path, source_path=self.config.path)
 
     def load(self, path: str) -> None:
-        """Load weights from an HF folder into the sharded model (every rank reads the files)."""
+        """Load weights from an HF folder into the sharded model (every rank reads the files);
+        with `config.lora`, an adapter folder that `save` wrote."""
+        if self.config.lora is not None:
+            from arealite.train.lora import load_adapter
+
+            return load_adapter(self.model, path)
         W.load_full_weights(self.model, read_hf_weights(path))
 
     def save_checkpoint(self, path: str) -> None:
@@ -307,26 +371,49 @@ class FSDPEngine:
 
         backend = backend or getattr(meta, "backend", None) or ("nccl" if self.device.type == "cuda" else "gloo")
         self.weight_update_groups[meta.group_name] = init_custom_process_group(
-            backend, meta.master_address, meta.master_port, 0, world_size, meta.group_name
+            backend, meta.master_address, meta.master_port, 0, world_size, meta.group_name, meta.timeout
         )
+
+    def destroy_weight_update_group(self, group_name: str) -> None:
+        """Drop a weight-update group (rank 0). Its connections close with it, so servers still
+        waiting on it fail at once instead of at their timeout."""
+        from arealite.utils.process_group import release_store
+
+        self.weight_update_groups.pop(group_name, None)
+        release_store(group_name)
 
     def upload_weights(self, meta: WeightUpdateMeta, on_bucket: Callable[[int, list], None] | None = None) -> None:
         """Push the current weights out; collective over trainer ranks.
 
         disk: rank 0 writes an HF folder to `meta.path`, then all ranks meet at a barrier.
+        lora: the same with the adapter's peft folder (the engine must have `config.lora`).
         distributed: every rank gathers full parameters; rank 0 broadcasts them over the
         group `meta.group_name`, in the order of `meta.buckets` when set (what the client
         sends), else of `weight_buckets(meta)`. `on_bucket(i, bucket)` runs on rank 0 just
-        before bucket i is broadcast.
+        before bucket i is broadcast. If a broadcast fails (a server died or timed out), the
+        group is dropped and rank 0 raises WeightBroadcastError once every rank is done.
         """
-        if meta.type == "disk":
+        if meta.type in ("disk", "lora"):
             if not meta.path:
-                raise ValueError("WeightUpdateMeta.path is empty; disk weight updates need a shared folder")
+                raise ValueError(f"WeightUpdateMeta.path is empty; {meta.type} weight updates need a shared folder")
+            if (meta.type == "lora") != (self.config.lora is not None):
+                raise ValueError(
+                    f"WeightUpdateMeta.type={meta.type!r} does not fit this engine "
+                    f"({'a LoRA adapter' if self.config.lora else 'no LoRA adapter'}); use weight_update=lora exactly when actor.lora is set"
+                )
             self.save(meta.path)
         elif meta.type == "distributed":
-            group = self.weight_update_groups.get(meta.group_name)
+            from arealite.utils.process_group import WeightBroadcastError
+
             buckets = getattr(meta, "buckets", None) or self.weight_buckets(meta)
-            W.broadcast_buckets(self.model, buckets, group, on_bucket)
+            # The group is passed without keeping a reference here, so that on a failure
+            # dropping it really closes it (see broadcast_buckets).
+            failure = W.broadcast_buckets(
+                self.model, buckets, self.weight_update_groups.get(meta.group_name), on_bucket,
+                on_failure=lambda: self.destroy_weight_update_group(meta.group_name),
+            )  # fmt: skip
             dist_utils.barrier()
+            if failure is not None:  # rank 0 only, after every rank finished its gathers
+                raise WeightBroadcastError(failure)
         else:
-            raise ValueError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk' or 'distributed'")
+            raise ValueError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk', 'distributed' or 'lora'")

@@ -75,12 +75,17 @@ def broadcast_buckets(
     buckets: list[list[WeightSpec]],
     group: dist.ProcessGroup | None,
     on_bucket=None,
-) -> None:
+    on_failure=None,
+) -> str | None:
     """Gather each parameter (all ranks) and broadcast it from trainer rank 0 over `group`.
 
     Order: bucket by bucket, entry by entry, exactly as listed, matching the servers'
     receive loop for `/update_weights_from_distributed`. `on_bucket(index, bucket)` runs on
     rank 0 before a bucket's first broadcast (e.g. to send that bucket's HTTP request).
+
+    A failed broadcast (a server died or timed out) does not stop the gathers, which are
+    collective: rank 0 stops broadcasting, calls `on_failure()` (to drop the group, which
+    fails the other servers' receives at once) and returns the error text; else None.
     """
     params = dict(unique_parameters(model))
     for name, _, shape in (spec for bucket in buckets for spec in bucket):
@@ -89,17 +94,24 @@ def broadcast_buckets(
             raise ValueError(f"bucket entry {name!r} with shape {list(shape)} does not match the model ({got}); "
                              "build buckets with actor.weight_buckets(meta)")
     main = dist_utils.is_main()
-    if main and group is None:
-        raise RuntimeError("no weight-update group: call init_weight_update_group(meta, world_size) on rank 0 first")
+    failure = None if group is not None or not main else "no weight-update group: call init_weight_update_group(meta, world_size) on rank 0 first"
     for i, bucket in enumerate(buckets):
-        if main and on_bucket is not None:
+        if main and on_bucket is not None and failure is None:
             on_bucket(i, bucket)
         for name, dtype_name, _ in bucket:
             t = _full(params[name].detach()).to(getattr(torch, dtype_name))
-            if main:
-                if group is not None and _is_gloo(group):
+            if main and failure is None:
+                if _is_gloo(group):
                     t = t.cpu()
-                broadcast(group, t.contiguous(), src=0)
+                try:
+                    broadcast(group, t.contiguous(), src=0)
+                except RuntimeError as e:  # kept as text: the exception's frames would keep the group alive
+                    failure = f"broadcast of {name!r} (bucket {i}) failed: {str(e).strip().splitlines()[0]}"
+                if failure is not None:
+                    group = None
+                    if on_failure is not None:
+                        on_failure()
+    return failure
 
 
 def _is_gloo(group: dist.ProcessGroup) -> bool:
@@ -150,13 +162,16 @@ def _write_folder(shards: list[dict[str, torch.Tensor]], hf_config, path: str, s
                 shutil.copyfile(src, os.path.join(path, fname))
 
 
-def load_full_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Copy full tensors into the (sharded) parameters; every parameter must be present."""
+def load_full_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor], strict: bool = True) -> None:
+    """Copy full tensors into the (sharded) parameters; every parameter must be present
+    (`strict=False`: only those in `weights`, e.g. a LoRA adapter's)."""
     missing = [n for n, _ in unique_parameters(model) if n not in weights]
-    if missing:
+    if missing and strict:
         raise KeyError(f"the checkpoint lacks {len(missing)} parameters, e.g. {missing[:3]}")
     with torch.no_grad():
         for name, p in unique_parameters(model):
+            if name not in weights:
+                continue
             src = weights[name].to(dtype=p.dtype)
             if isinstance(p, DTensor):
                 src = torch.distributed.tensor.distribute_tensor(

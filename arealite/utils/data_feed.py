@@ -6,11 +6,17 @@ tags every trajectory with its prompt (`prompt_index` [G], via `feed.tag(workflo
 `consume(batch)` retires the prompts of a trained batch. Its `state_dict()` holds the
 loader's position plus the prompts handed out but not yet trained; after `load_state_dict`
 those are handed out again first, so a recovered run trains every prompt exactly once.
+
+`feed.tag(workflow, should_accept)` also filters trajectories (asynchronous dynamic sampling,
+`arealite.rollout.dynamic_sampling`): a prompt whose group the filter drops is retired like a
+trained one (it was used; it is not retried after a recovery). A group the workflow itself
+rejects (a failed reward) stays pending.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import queue
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -29,6 +35,8 @@ class DataFeed:
         self._out: dict[int, dict[str, Any]] = {}  # handed out, not yet trained (insertion order)
         self._replay: list[dict[str, Any]] = []
         self._next_index = 0
+        self._dropped: queue.SimpleQueue[int] = queue.SimpleQueue()  # filtered out on the rollout thread
+        self.dropped_groups = 0  # groups the filter dropped so far
 
     def __iter__(self) -> Iterator[list[dict[str, Any]]]:
         while self._replay:
@@ -46,13 +54,28 @@ class DataFeed:
             out.append(r)
         return out
 
-    def tag(self, workflow: Any) -> "TaggedWorkflow":
-        """`workflow` whose trajectories carry `prompt_index` (needed by `consume` in async mode)."""
-        return TaggedWorkflow(workflow)
+    def tag(self, workflow: Any, should_accept: Callable[[dict[str, torch.Tensor]], bool] | None = None) -> "TaggedWorkflow":
+        """`workflow` whose trajectories carry `prompt_index` (needed by `consume` in async mode);
+        with `should_accept`, a trajectory it refuses is dropped and its prompt retired."""
+        return TaggedWorkflow(workflow, self, should_accept)
+
+    def drop(self, index: int) -> None:
+        """Retire a handed-out prompt whose group was filtered out; safe from any thread."""
+        self._dropped.put(index)
+
+    def _retire_dropped(self) -> None:
+        while True:
+            try:
+                index = self._dropped.get_nowait()
+            except queue.Empty:
+                return
+            if self._out.pop(index, None) is not None:
+                self.dropped_groups += 1
 
     def consume(self, batch: dict[str, torch.Tensor] | None = None) -> list[str]:
         """Retire the prompts of a trained batch (all handed-out ones when `batch` is None, the
         synchronous case); returns every rank's retired prompt ids. Collective."""
+        self._retire_dropped()
         if batch is None:
             done = list(self._out)
         else:
@@ -61,6 +84,7 @@ class DataFeed:
         return gather_prompt_ids(retired)
 
     def state_dict(self) -> dict[str, Any]:
+        self._retire_dropped()
         pending = [{k: v for k, v in r.items() if k != INDEX_KEY} for r in self._out.values()]
         return {"loader": self.loader.state_dict(), "pending": pending}
 
@@ -71,14 +95,20 @@ class DataFeed:
 
 
 class TaggedWorkflow:
-    """Runs the wrapped workflow and adds `prompt_index` [G] to its trajectory."""
+    """Runs the wrapped workflow and adds `prompt_index` [G] to its trajectory; applies the filter."""
 
-    def __init__(self, workflow: Any) -> None:
+    def __init__(self, workflow: Any, feed: DataFeed | None = None, should_accept: Callable | None = None) -> None:
         self.workflow = workflow
+        self.feed = feed
+        self.should_accept = should_accept
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
         inner = {k: v for k, v in data.items() if k != INDEX_KEY}
         traj = await self.workflow.arun_episode(engine, inner)
+        if traj is not None and self.should_accept is not None and not self.should_accept(traj):
+            if self.feed is not None:
+                self.feed.drop(int(data[INDEX_KEY]))
+            return None
         if traj is not None:
             rows = traj["attention_mask"].shape[0]
             traj[INDEX_KEY] = torch.full((rows,), int(data[INDEX_KEY]), dtype=torch.long)

@@ -1,10 +1,12 @@
-"""PNG plots of a run's `stats.jsonl`: reward, held-out accuracy, loss, train-inference
-mismatch and timings per step.
+"""PNG plots of a run's `stats.jsonl`: reward, held-out accuracy, entropy, response length,
+truncated fraction, train-inference mismatch, staleness, loss and KL, timings per step, and
+what dynamic sampling dropped.
 
     python -m arealite.utils.plots RUN_DIR        # writes RUN_DIR/plots.png
 
 matplotlib is imported here only (Agg backend, no display needed). A panel whose keys a run
-never logged says so instead of disappearing, so a missing metric is visible.
+never logged says so instead of disappearing, so a missing metric is visible. A y key ending
+in `*` draws every logged key with that prefix (`time/*`: whatever timings the loop reports).
 """
 
 from __future__ import annotations
@@ -15,15 +17,20 @@ from typing import Any
 
 from arealite.utils.stats_logger import read_stats
 
-# (title, x key, [y keys]); the first present y key family is drawn
+# (title, x key, [y keys]); every y key (or key family) the run logged is drawn
 PANELS: list[tuple[str, str, list[str]]] = [
-    ("reward (train batch)", "step", ["reward"]),
+    ("reward (train batch, mean)", "step", ["reward"]),
     ("held-out accuracy", "eval/version", ["eval/pass@1", "eval/pass@k", "eval/maj@k"]),
-    ("loss", "step", ["loss"]),
+    ("policy entropy (nats per response token)", "step", ["entropy"]),
+    ("response length (tokens)", "step", ["response_len", "response_len_max"]),
+    ("truncated fraction (hit max_new_tokens without a stop)", "step", ["truncated_frac"]),
     ("train-inference mismatch |logprobs - prox_logp|", "step", ["logprob_mismatch", "logprob_mismatch_max"]),
-    ("seconds per step", "step", ["time/rollout", "time/train", "time/weight_sync", "time/eval", "time/save", "time/step"]),
+    ("staleness of trained tokens (versions behind)", "step", ["staleness", "staleness_max"]),
+    ("loss; KL to the reference model", "step", ["loss", "critic/loss", "kl", "kl_ref"]),
+    ("seconds per step", "step", ["time/*"]),
+    ("dynamic sampling: groups dropped / filled in (cumulative)", "step", ["dropped_groups", "filler_groups"]),
 ]
-
+COLUMNS = 2
 
 def _series(rows: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
@@ -35,7 +42,11 @@ def _series(rows: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], li
 
 
 def _keys_like(rows: list[dict[str, Any]], pattern: str) -> list[str]:
-    """`eval/pass@k` stands for whichever `eval/pass@<k>` the run logged."""
+    """`eval/pass@k` stands for whichever `eval/pass@<k>` the run logged; `prefix*` for every
+    key with that prefix (sorted, `time/step` last so the total sits on top of its parts)."""
+    if pattern.endswith("*"):
+        found = sorted({k for r in rows for k in r if k.startswith(pattern[:-1])}, key=lambda k: (k.endswith("/step"), k))
+        return found or [pattern]
     if "@k" not in pattern:
         return [pattern]
     prefix = pattern.split("@k")[0] + "@"
@@ -51,22 +62,31 @@ def plot_run(run_dir: str, out_path: str | None = None) -> str:
     import matplotlib.pyplot as plt
 
     rows = read_stats(run_dir)
-    fig, axes = plt.subplots(len(PANELS), 1, figsize=(8, 2.6 * len(PANELS)), squeeze=False)
-    for ax, (title, x, ys) in zip(axes[:, 0], PANELS):
+    n_rows = -(-len(PANELS) // COLUMNS)
+    fig, axes = plt.subplots(n_rows, COLUMNS, figsize=(6.5 * COLUMNS, 2.7 * n_rows), squeeze=False)
+    for ax, (title, x, ys) in zip(axes.flat, PANELS):
         drawn = 0
         for pattern in ys:
             for y in _keys_like(rows, pattern):
                 xs, vs = _series(rows, x, y)
                 if xs:
-                    ax.plot(xs, vs, marker="o" if len(xs) < 30 else None, markersize=3, label=y)
+                    sparse = x == "step" and len(xs) < len(rows) // 4  # e.g. time/eval: points, no line
+                    style = {"marker": "o", "markersize": 3} if sparse or len(xs) < 30 else {}
+                    if sparse:
+                        style["linestyle"] = "none"
+                    ax.plot(xs, vs, linewidth=1, label=y, **style)
                     drawn += 1
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("weight version" if x == "eval/version" else "step", fontsize=8)
+        ax.tick_params(labelsize=8)
         if drawn:
             ax.legend(fontsize=7, loc="best")
         else:
             ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(PANELS):]:
+        ax.set_visible(False)
+    fig.suptitle(os.path.basename(os.path.abspath(run_dir)), fontsize=11)
     fig.tight_layout()
     out_path = out_path or os.path.join(run_dir, "plots.png")
     fig.savefig(out_path, dpi=90)

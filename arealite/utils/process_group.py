@@ -5,6 +5,11 @@ A weight-update group is separate from the trainer's default group: the trainer'
 a TCPStore hosted by rank 0 at `master_address:master_port`. No default process group is
 needed, so a server process can join without torchrun. Same contract as SGLang's
 `/init_weights_update_group` (SGLANG_PROTOCOL.md §3.3).
+
+`timeout` bounds forming the group and every collective on it (gloo: each send/receive;
+NCCL: its watchdog). A group whose collective failed is unusable; dropping the last
+reference to it closes its connections, which fails the other members' pending receives at
+once (`abort()`/`shutdown()` do not, on gloo).
 """
 
 from __future__ import annotations
@@ -39,7 +44,10 @@ def init_custom_process_group(
     if backend == "gloo":
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timedelta(seconds=timeout))
     else:
-        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+        # The NCCL watchdog aborts a collective stuck past the timeout (a dead peer never answers).
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timedelta(seconds=timeout)
+        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     _STORES[group_name] = store
     return pg
 
@@ -49,6 +57,10 @@ def broadcast(pg: dist.ProcessGroup, tensor: torch.Tensor, src: int = 0) -> None
     opts = dist.BroadcastOptions()
     opts.rootRank = src
     pg.broadcast([tensor], opts).wait()
+
+
+class WeightBroadcastError(RuntimeError):
+    """A broadcast to the servers failed on the trainer's rank 0 (a member died or timed out)."""
 
 
 def release_store(group_name: str) -> None:

@@ -12,11 +12,20 @@ atomically after that, so a run killed while saving resumes from the previous ch
 `recover.mode=auto` loads `latest` when it exists; the loop then starts at `step + 1`, and
 the caller pushes the restored weights to the servers again (`sync_weights`), because the
 servers may hold newer or older ones.
+
+A checkpoint damaged after it was written (a truncated, altered or deleted file, e.g. a
+full disk or a bad copy) is not loaded: `manifest.json` records every file's size and,
+with `recover.checksum`, its SHA-256, and rank 0 checks them before loading. A checkpoint
+that fails is skipped with a message naming the file, and the newest good one is loaded
+instead (`recover.keep_last` checkpoints are kept, so there is one to fall back to).
+Falling back is exact too: every piece of state comes from that one checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -27,6 +36,9 @@ import torch
 from arealite import distributed as dist_utils
 from arealite.config import RecoverConfig
 from arealite.utils.seeding import rng_state, set_rng_state
+
+logger = logging.getLogger(__name__)
+_MANIFEST = "manifest.json"
 
 
 class RecoverError(RuntimeError):
@@ -77,6 +89,7 @@ class Recover:
                 meta["stats_logger"] = stats_logger.state_dict()
             with open(os.path.join(partial, "meta.json"), "w") as f:
                 json.dump(meta, f)
+            _write_manifest(partial, self.config.checksum)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(partial, final)
             _write_atomic(os.path.join(self.root, "latest"), name)
@@ -103,15 +116,45 @@ class Recover:
             path = os.path.join(self.root, f.read().strip())
         return path if os.path.isfile(os.path.join(path, "meta.json")) else None
 
+    def candidates(self) -> list[str]:
+        """Complete checkpoints: the one `latest` names first, then the others newest first."""
+        if not os.path.isdir(self.root):
+            return []
+        steps = sorted(
+            ((int(d.split("_")[1]), os.path.join(self.root, d)) for d in os.listdir(self.root)
+             if d.startswith("step_") and d.split("_")[1].isdigit() and os.path.isdir(os.path.join(self.root, d))),
+            reverse=True,
+        )  # fmt: skip
+        latest = self.latest()
+        return ([latest] if latest else []) + [p for _, p in steps if p != latest]
+
+    def _choose(self) -> tuple[str | None, list[str]]:
+        """(rank 0) the newest checkpoint that passes its manifest, and why newer ones did not."""
+        rejected = []
+        for path in self.candidates():
+            problem = verify_checkpoint(path, self.config.checksum)
+            if problem is None:
+                return path, rejected
+            rejected.append(f"{os.path.basename(path)}: {problem}")
+            logger.warning("checkpoint %s is unusable (%s); falling back to an older one", path, problem)
+        return None, rejected
+
     def load(self, actor: Any, dataloader: Any, stats_logger: Any = None) -> RecoverInfo | None:
-        """Restore the latest checkpoint per `config.mode`; None when starting fresh. Collective."""
+        """Restore the newest good checkpoint per `config.mode`; None when starting fresh. Collective."""
         if self.config.mode == "disabled":
             return None
-        path = self.latest()
+        path, rejected = _from_rank0(self._choose() if self.rank == 0 else None)
         if path is None:
+            if rejected:
+                raise RecoverError(
+                    f"every checkpoint under {self.root} is damaged ({'; '.join(rejected)}); restore one from a "
+                    "backup, or delete the folder (or set recover.mode=disabled) to start over"
+                )
             if self.config.mode == "resume":
                 raise RecoverError(f"recover.mode=resume but {self.root} holds no checkpoint; use recover.mode=auto")
             return None
+        if rejected and self.rank == 0:
+            print(f"[recover] skipped damaged checkpoints ({'; '.join(rejected)}); resuming from {path}", flush=True)
         with open(os.path.join(path, "meta.json")) as f:
             meta = json.load(f)
         if meta["world_size"] != dist_utils.world_size():
@@ -130,6 +173,72 @@ class Recover:
         return RecoverInfo(step=meta["step"], version=meta["version"], extra=meta.get("extra", {}))
 
 
+def _from_rank0(value):
+    """Rank 0's `value` on every rank (all ranks must load the same checkpoint)."""
+    if dist_utils.world_size() == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _files(folder: str) -> list[str]:
+    found = []
+    for root, _, names in os.walk(folder):
+        found += [os.path.relpath(os.path.join(root, n), folder) for n in names]
+    return sorted(f for f in found if f != _MANIFEST)
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: str, checksum: bool) -> None:
+    entries = {}
+    for rel in _files(folder):
+        path = os.path.join(folder, rel)
+        entries[rel] = {"bytes": os.path.getsize(path), **({"sha256": _sha256(path)} if checksum else {})}
+    with open(os.path.join(folder, _MANIFEST), "w") as f:
+        json.dump({"files": entries}, f, indent=1)
+
+
+def verify_checkpoint(folder: str, checksum: bool = True) -> str | None:
+    """Why the checkpoint in `folder` must not be loaded, or None when it checks out: its
+    meta.json readable, every file of its manifest present, of its size and (with
+    `checksum`) of its SHA-256. A checkpoint without a manifest (older arealite) only gets
+    the meta.json check."""
+    try:
+        with open(os.path.join(folder, "meta.json")) as f:
+            meta = json.load(f)
+        missing = [k for k in ("step", "version", "world_size") if k not in meta]
+    except (OSError, ValueError) as e:
+        return f"meta.json is unreadable ({type(e).__name__}: {e})"
+    if missing:
+        return f"meta.json lacks {missing}"
+    if not os.path.isfile(os.path.join(folder, _MANIFEST)):
+        return None
+    try:
+        with open(os.path.join(folder, _MANIFEST)) as f:
+            entries = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"{_MANIFEST} is unreadable ({type(e).__name__}: {e})"
+    for rel, entry in entries.items():
+        path = os.path.join(folder, rel)
+        if not os.path.isfile(path):
+            return f"{rel} is missing"
+        if os.path.getsize(path) != entry.get("bytes"):
+            return f"{rel} has {os.path.getsize(path)} bytes, {entry.get('bytes')} were written (truncated or replaced)"
+        if checksum and "sha256" in entry and _sha256(path) != entry["sha256"]:
+            return f"{rel} does not match its SHA-256 (its bytes changed after it was written)"
+    return None
+
+
 def _write_atomic(path: str, text: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -137,3 +246,29 @@ def _write_atomic(path: str, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+class EngineGroup:
+    """Engines checkpointed as one, for `Recover.save/load`'s `actor` argument.
+
+    The actor's state goes to the checkpoint's `train_state/` as before; each other engine
+    (e.g. `critic=`) to `train_state.<name>/` beside it, inside the same atomically renamed
+    checkpoint folder. Engines given as None are left out.
+    """
+
+    def __init__(self, actor: Any, **others: Any) -> None:
+        self.actor = actor
+        self.others = {name: engine for name, engine in others.items() if engine is not None}
+
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(path)
+        for name, engine in self.others.items():
+            engine.save_checkpoint(f"{path}.{name}")
+
+    def load_checkpoint(self, path: str) -> None:
+        for name in self.others:
+            if not os.path.isdir(f"{path}.{name}"):
+                raise RecoverError(f"checkpoint {os.path.dirname(path)} has no {name} state; it was written without a {name}")
+        self.actor.load_checkpoint(path)
+        for name, engine in self.others.items():
+            engine.load_checkpoint(f"{path}.{name}")

@@ -3,5 +3,6 @@
 from arealite.workflow.base import RolloutWorkflow
 from arealite.workflow.multi_turn import MultiTurnWorkflow
 from arealite.workflow.rlvr import RLVRWorkflow
+from arealite.workflow.tool_use import ToolUseWorkflow
 
-__all__ = ["MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow"]
+__all__ = ["MultiTurnWorkflow", "RLVRWorkflow", "RolloutWorkflow", "ToolUseWorkflow"]

@@ -24,6 +24,8 @@ class RolloutWorkflow:
         `engine.get_version()`. The trajectory is a dict of `[G, T]` tensors with
         `input_ids, attention_mask, loss_mask, logprobs, versions` plus `rewards [G]`
         (see `arealite.rollout.batch.trajectory_from_tokens`), G rows being the samples of one
-        group; every trajectory a workflow returns must have the same keys.
+        group; every trajectory a workflow returns must have the same keys. Optional: `truncated
+        [G]` bool (`arealite.workflow.truncation`), read by `actor.mask_no_eos_with_zero` and
+        the step stats.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement async arun_episode(engine, data)")

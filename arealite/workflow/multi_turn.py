@@ -27,6 +27,7 @@ from arealite.types import ModelRequest
 from arealite.workflow.base import RolloutWorkflow
 from arealite.workflow.prompt import encode_messages
 from arealite.workflow.scoring import RewardFn, Scorer
+from arealite.workflow.truncation import is_truncated, stop_token_ids
 
 _PLACEHOLDER = "\ue000"  # a private-use character standing for the model's answer in the template
 
@@ -39,6 +40,7 @@ class _Conversation:
     versions: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     turns: int = 0
+    truncated: bool = False  # the last answer ran out of its token budget
 
     def add(self, tokens: list[int], logprobs: list[float] | None = None, versions: list[int] | None = None) -> None:
         model = logprobs is not None
@@ -75,6 +77,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.stats: dict[str, int] = {"episodes": 0, "rejected_groups": 0, "turns": 0}
         pool = reward_pool or RewardPool(max_workers=2, timeout=reward_timeout)
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
+        self.stop_ids = stop_token_ids(tokenizer, gconfig)
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
         messages = data.get("messages") or [{"role": "user", "content": data["prompt"]}]
@@ -96,6 +99,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         )
         traj["rewards"] = torch.tensor([reward for _, reward in results], dtype=torch.float32)  # [G]
         traj["num_turns"] = torch.tensor([c.turns for c in convs], dtype=torch.long)  # [G]
+        traj["truncated"] = torch.tensor([c.truncated for c in convs], dtype=torch.bool)  # [G]
         return traj
 
     async def _converse(
@@ -107,11 +111,12 @@ class MultiTurnWorkflow(RolloutWorkflow):
             resp = await engine.agenerate(ModelRequest(input_ids=context, gconfig=self.gconfig, group_id=group_id))
             conv.add(resp.output_tokens, resp.output_logprobs, resp.output_versions)
             conv.turns = turn + 1
+            conv.truncated = is_truncated(resp, self.stop_ids)
             self.stats["turns"] += 1
             # the reward sees this answer and everything before it (earlier attempts, feedback)
             prompt = self.tokenizer.decode(context, skip_special_tokens=False)
             answer = self.tokenizer.decode(resp.output_tokens, skip_special_tokens=True)
-            reward = await self.scorer.score(prompt, answer, context, resp.output_tokens, data)
+            reward = await self.scorer.score(prompt, answer, context, resp.output_tokens, data, conv.truncated)
             if reward is None:
                 return None
             if reward > 0 or turn == self.max_turns - 1:

@@ -3,6 +3,7 @@
 The samples of a group share a `group_id`, so the client sends them to one server (prefix
 reuse). Rewards run in a process pool with a timeout; failures are counted in `stats` and
 handled by `on_reward_error` (see `arealite.workflow.scoring`), never silently scored 0.
+Each sample also records whether it was truncated (`arealite.workflow.truncation`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from arealite.utils.seeding import seeded_gconfig
 from arealite.workflow.base import RolloutWorkflow
 from arealite.workflow.prompt import encode_prompt
 from arealite.workflow.scoring import RewardFn, Scorer
+from arealite.workflow.truncation import is_truncated, stop_token_ids
 
 
 class RLVRWorkflow(RolloutWorkflow):
@@ -44,6 +46,7 @@ class RLVRWorkflow(RolloutWorkflow):
         self.stats: dict[str, int] = {"episodes": 0, "rejected_groups": 0}
         pool = reward_pool or RewardPool(max_workers=2, timeout=reward_timeout)
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
+        self.stop_ids = stop_token_ids(tokenizer, gconfig)
 
     async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
         prompt_ids = encode_prompt(self.tokenizer, data)
@@ -58,14 +61,16 @@ class RLVRWorkflow(RolloutWorkflow):
         ]
         responses: list[ModelResponse] = await asyncio.gather(*(engine.agenerate(r) for r in requests))
         prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        truncated = [is_truncated(r, self.stop_ids) for r in responses]
         rewards = await asyncio.gather(
             *(
                 self.scorer.score(
-                    prompt, self.tokenizer.decode(r.output_tokens, skip_special_tokens=True), prompt_ids, r.output_tokens, data
+                    prompt, self.tokenizer.decode(r.output_tokens, skip_special_tokens=True), prompt_ids, r.output_tokens,
+                    data, cut,
                 )
-                for r in responses
+                for r, cut in zip(responses, truncated)
             )
-        )
+        )  # fmt: skip
         self.stats["episodes"] += 1
         if any(r is None for r in rewards):
             self.stats["rejected_groups"] += 1
@@ -77,4 +82,5 @@ class RLVRWorkflow(RolloutWorkflow):
             [r.output_versions for r in responses],
         )
         traj["rewards"] = torch.tensor(rewards, dtype=torch.float32)  # [G]
+        traj["truncated"] = torch.tensor(truncated, dtype=torch.bool)  # [G]
         return traj

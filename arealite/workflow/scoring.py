@@ -5,10 +5,15 @@ A reward that raises or times out is counted in `stats` and handled by `on_rewar
   bias group-relative advantages);
 - "raise": the episode fails, and with it the batch;
 - "zero": scored 0.0 — only when asked for, and still counted.
+
+A reward function that declares a `truncated` parameter also gets whether the response ran
+out of its token budget before a stop token (`arealite.workflow.truncation`); others are
+called exactly as before.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -30,14 +35,23 @@ class Scorer:
         self.pool = pool
         self.on_reward_error = on_reward_error
         self.stats = stats
+        self.wants_truncated = _declares(reward_fn, "truncated")
         stats.setdefault("reward_errors", 0)
         stats.setdefault("reward_timeouts", 0)
 
     async def score(
-        self, prompt: str, completion: str, prompt_ids: list[int], completion_ids: list[int], data: dict[str, Any]
+        self,
+        prompt: str,
+        completion: str,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        data: dict[str, Any],
+        truncated: bool = False,
     ) -> float | None:
         """The reward, or None when it failed and failures reject the group."""
         extra = {k: v for k, v in data.items() if k not in _POSITIONAL}
+        if self.wants_truncated:
+            extra["truncated"] = bool(truncated)
         try:
             return await self.pool.ascore(self.reward_fn, prompt, completion, list(prompt_ids), list(completion_ids), **extra)
         except RewardError as e:
@@ -45,3 +59,13 @@ class Scorer:
             if self.on_reward_error == "raise":
                 raise
             return 0.0 if self.on_reward_error == "zero" else None
+
+
+def _declares(fn: Callable[..., Any], name: str) -> bool:
+    """Whether `fn` names parameter `name` explicitly (a bare **kwargs does not count)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins and C callables have no signature
+        return False
+    p = params.get(name)
+    return p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)

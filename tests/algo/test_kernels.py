@@ -32,9 +32,12 @@ SCRIPT = textwrap.dedent(
 
     for ptr, acc in (("*fp32", tl.float32), ("*fp64", tl.float64)):
         io = dict(rew_ptr=ptr, val_ptr=ptr, mask_ptr="*u8", cu_ptr="*i32", adv_ptr=ptr, ret_ptr=ptr, n_seqs="i32",
-                  gamma_hi="fp32", gamma_lo="fp32", decay_hi="fp32", decay_lo="fp32")
+                  n_tokens="i32")
         rows, block = gae._tile(1024 * 1024, 1024)
-        build(gae._gae_kernel, io, dict(ROWS=rows, BLOCK=block, ACC=acc), warps=gae._NUM_WARPS)
+        (g_hi, g_lo), (d_hi, d_lo) = gae._split(0.99), gae._split(0.99 * 0.95)
+        build(gae._gae_kernel, io, dict(GAMMA_HI=g_hi, GAMMA_LO=g_lo, DECAY_HI=d_hi, DECAY_LO=d_lo,
+                                        ROWS=rows, BLOCK=block, ACC=acc, INTERPRETED=False),
+              warps=gae._NUM_WARPS)
         for mode in (0, 1, 2):
             build(group_norm._group_norm_kernel,
                   dict(x_ptr=ptr, out_ptr=ptr, n_groups="i32", group_size="i32", eps="fp32"),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from arealite.algo import losses as L
+from tests.tolerance import assert_close, close, tolerance
 
 
 def _random_packed(seed: int, n_seqs: int):
@@ -85,7 +86,7 @@ def test_ppo_actor_loss_matches_naive(seed, n_seqs, mode, variant):
         behav_logp=kw["behav"], behav_imp_weight_cap=kw["cap"], aggregate=L.AGGREGATIONS[mode].reduce,
         log_ratio=L.LOG_RATIOS[kw["level"]],
     )  # fmt: skip
-    assert abs(loss.item() - want) < 1e-9
+    assert close(loss.item(), want, torch.float64, n=len(logp))
     assert all(torch.isfinite(v) for v in stats.values())
 
 
@@ -106,8 +107,8 @@ def test_behaviour_cap_drops_tokens_but_keeps_denominator():
     adv = torch.ones(3, dtype=torch.float64)
     loss, stats = L.ppo_actor_loss(zeros, zeros, adv, torch.ones(3, dtype=torch.bool), cu, eps_clip=0.2,
                                    behav_logp=behav, behav_imp_weight_cap=5.0)  # fmt: skip
-    assert abs(loss.item() - (-2.0 / 3)) < 1e-12
-    assert abs(stats["behav_imp_weight_capped_frac"].item() - 1 / 3) < 1e-6
+    assert close(loss.item(), -2.0 / 3, torch.float64, n=3)
+    assert close(stats["behav_imp_weight_capped_frac"].item(), 1 / 3, torch.float32, n=3)
 
 
 @pytest.mark.parametrize("name", ["k1", "k2", "k3"])
@@ -120,7 +121,7 @@ def test_kl_loss_matches_naive(name, mode):
         per_token.append({"k1": d, "k2": 0.5 * d * d, "k3": math.exp(-d) + d - 1}[name])
     want = _naive_aggregate(per_token, mask, cu, mode)
     loss, _ = L.kl_loss(logp, prox, mask, cu, L.KL_ESTIMATORS[name], L.AGGREGATIONS[mode].reduce)
-    assert abs(loss.item() - want) < 1e-9
+    assert close(loss.item(), want, torch.float64, n=len(logp))
 
 
 def test_kl_estimators_are_unbiased_or_positive():
@@ -130,9 +131,11 @@ def test_kl_estimators_are_unbiased_or_positive():
     exact = (p * (p.log() - q.log())).sum()
     samples = torch.multinomial(p, 200000, replacement=True, generator=g)
     lp, lq = p.log()[samples], q.log()[samples]
+    # Monte Carlo, not rounding: 0.02 is > 10 standard errors of a 200,000-sample mean here
     assert abs(L.kl_k1(lp, lq).mean() - exact) < 0.02
     assert abs(L.kl_k3(lp, lq).mean() - exact) < 0.02
-    assert (L.kl_k3(lp, lq) >= -1e-7).all() and (L.kl_k2(lp, lq) >= 0).all()
+    # k3 = e^-d + d - 1 >= 0 exactly; in fp32 it may round below 0 by eps * |terms|
+    assert (L.kl_k3(lp, lq) >= -tolerance(torch.float32) * (1 + (lp - lq).abs())).all() and (L.kl_k2(lp, lq) >= 0).all()
 
 
 @pytest.mark.parametrize("eps", [None, 0.2])
@@ -150,7 +153,7 @@ def test_clipped_value_loss_matches_naive(eps, mode):
             e = max(e, (vc - float(ret[t])) ** 2)
         per_token.append(0.5 * e)
     loss, _ = L.clipped_value_loss(v, old, ret, mask, cu, eps, L.AGGREGATIONS[mode].reduce)
-    assert abs(loss.item() - _naive_aggregate(per_token, mask, cu, mode)) < 1e-9
+    assert close(loss.item(), _naive_aggregate(per_token, mask, cu, mode), torch.float64, n=n)
 
 
 @pytest.mark.parametrize("mode", list(L.AGGREGATIONS))
@@ -164,11 +167,11 @@ def test_aggregation_weights_make_micro_batch_sums_exact(mode):
         sub_cu = cu[a : b + 1] - cu[a]
         parts.append((agg.reduce(logp[s:e], mask[s:e], sub_cu), agg.weight(mask[s:e], sub_cu)))
     total = sum(w for _, w in parts)
-    assert abs(sum(v * w for v, w in parts) / total - whole.item()) < 1e-9
+    assert close(sum(v * w for v, w in parts) / total, whole.item(), torch.float64, n=len(logp))
 
 
 def test_entropy_from_logits_matches_definition():
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(4, 7, generator=g, dtype=torch.float64)
     p = torch.softmax(logits, -1)
-    torch.testing.assert_close(L.entropy_from_logits(logits), -(p * p.log()).sum(-1))
+    assert_close(L.entropy_from_logits(logits), -(p * p.log()).sum(-1), torch.float64, n=7)

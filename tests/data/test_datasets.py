@@ -65,9 +65,21 @@ def test_arithmetic_deterministic_and_correct():
     for r in a:
         expr = r["messages"][0]["content"].rstrip("=")
         assert str(eval(expr)) == r["answer"]  # the task's answers are the real results
-        assert arithmetic_reward_fn("", f" {r['answer']}<|im_end|>", answer=r["answer"]) == 1.0
-        assert arithmetic_reward_fn("", f"{int(r['answer']) + 1}", answer=r["answer"]) == 0.0
+        ans = r["answer"]
+        well_formed = list(range(len(ans) + 1))  # one token per character, then the stop token
+        assert arithmetic_reward_fn("", ans, None, well_formed, answer=ans) == 1.0
+        assert arithmetic_reward_fn("", f"{int(ans) + 1}", answer=ans) == 0.0
     assert arithmetic_reward_fn("", "no number", answer="3") == 0.0
+
+
+def test_arithmetic_reward_needs_the_answer_then_the_stop():
+    """Only `<answer><stop>` scores: no trailing text, no truncation, no hidden special tokens."""
+    assert arithmetic_reward_fn("", "12", None, [5, 6, 0], answer="12", truncated=False) == 1.0
+    assert arithmetic_reward_fn("", "12", None, [5, 6], answer="12", truncated=True) == 0.0  # budget ran out
+    assert arithmetic_reward_fn("", "12 3", None, [5, 6, 7, 8, 0], answer="12") == 0.0  # a tail after the answer
+    assert arithmetic_reward_fn("", " 12", None, [9, 5, 6, 0], answer="12") == 0.0  # a leading space
+    # special tokens are skipped when decoding: "12" + <|im_start|> + <|im_end|> decodes to "12"
+    assert arithmetic_reward_fn("", "12", None, [5, 6, 1, 0], answer="12") == 0.0
     with pytest.raises(ValueError, match="ops"):
         make_arithmetic_dataset(3, ops="/")
 

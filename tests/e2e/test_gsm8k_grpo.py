@@ -15,6 +15,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.devices import train_device_env
+from tests.tolerance import tolerance
+
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(420)
 
@@ -30,6 +33,7 @@ def _weights(folder: str) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("weight_update", ["disk", "distributed"])
 def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir, weight_update):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.update(train_device_env(2))  # 2 ranks on the CPU where fewer than 2 GPUs are visible
     cmd = [
         sys.executable, "-m", "arealite.launcher.local", str(REPO / "examples" / "gsm8k_grpo.py"),
         "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
@@ -53,7 +57,8 @@ def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir, weight_upd
     # the servers sampled step 1 with the weights the trainer had after step 0's update:
     # their logprobs match the trainer's recomputation at the same weights
     step1 = next(r for r in rows if r.get("step") == 1 and "logprob_mismatch" in r)
-    assert step1["logprob_mismatch"] <= 1e-4, step1
+    # fp32 rounding through 64-long dot products, relative to the sampled tokens' mean |logprob| (~ entropy)
+    assert step1["logprob_mismatch"] <= tolerance(torch.float32, 64) * step1["entropy"], step1
     assert all(r["grad_norm"] > 0 and not r["update_skipped"] for r in rows if "grad_norm" in r)
 
     if weight_update == "disk":  # the weights changed: the version-2 upload differs from the initial model

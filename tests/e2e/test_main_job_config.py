@@ -20,6 +20,7 @@ def test_tiny_cpu_setup_commands_chain_model_sft_and_actor():
     assert config.actor.path != config.sft.base_path, "the warm start must not overwrite its own base model"
     assert config.evaluator.freq_steps > 0 and config.gconfig.sampling_seed is not None
     assert config.rollout.max_head_offpolicyness == 0 and config.recover.mode == "auto"
+    assert config.rollout.dynamic_sampling
     assert config.train_dataset.type == "arithmetic" and config.server.backend == "builtin"
     assert config.actor.group_size == config.gconfig.group_size
 
@@ -30,3 +31,29 @@ def test_gsm8k_gpu_config_is_async_with_the_decoupled_loss():
     assert config.server.backend == "sglang" and "Qwen2.5-1.5B-Instruct" in config.actor.path
     assert config.valid_dataset is not None and config.evaluator.freq_steps > 0
     assert config.actor.group_size == config.gconfig.group_size
+
+
+def _load(name: str) -> GRPOConfig:
+    return load_config(["--config", str(REPO / "configs" / name)], GRPOConfig)
+
+
+def test_async_and_ppo_variants_share_the_main_jobs_model_task_and_evaluation():
+    main = _load("tiny_cpu.yaml")
+    for name in ("tiny_cpu_async.yaml", "tiny_cpu_ppo.yaml"):
+        variant = _load(name)
+        assert variant.launcher.setup_commands == main.launcher.setup_commands, name  # the same SFT warm start
+        assert variant.actor.path == main.actor.path and variant.sft == main.sft, name
+        assert variant.train_dataset == main.train_dataset and variant.evaluator == main.evaluator, name
+        assert variant.gconfig == main.gconfig and variant.experiment_name != main.experiment_name, name
+
+
+def test_async_variant_is_stale_by_two_with_the_decoupled_loss():
+    config = _load("tiny_cpu_async.yaml")
+    assert config.rollout.max_head_offpolicyness >= 2 and config.actor.use_decoupled_loss
+
+
+def test_ppo_variant_turns_on_critic_gae_and_reference_kl_from_config_alone():
+    config = _load("tiny_cpu_ppo.yaml")
+    assert config.critic is not None and config.critic.path == config.actor.path
+    assert config.ref is not None and config.ref.path == config.actor.path and config.actor.kl_ctl > 0
+    assert config.actor.adv_norm not in ("group", "group_mean", "rloo")  # the critic, not the group, is the baseline

@@ -5,7 +5,9 @@ per-sample sampling seeds) the same final weights as an uninterrupted run.
 The example script runs as one trainer process against a built-in server the test starts;
 the kill lands right after the weight sync of step 3, before that step's checkpoint, so the
 relaunch must redo step 3 and push the checkpoint's weights to a server that already holds
-newer ones.
+newer ones. Then the finished run's newest checkpoint is damaged and the run relaunched once
+more: it falls back to the previous checkpoint, redoes the last step, and still ends exactly
+where the uninterrupted run ends.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from arealite.server.process import launch_server_process
+from tests.tolerance import assert_close
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
@@ -83,11 +86,19 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
         crashed_dir = tmp_path / "recover" / "crashed"
         assert (crashed_dir / "checkpoints" / "latest").read_text() in ("step_2", "step_3")
         resumed_log = _finish(_trainer(tiny_model_dir, tmp_path, "crashed", server_b.address))
+        # The finished run's newest checkpoint (after the last step) is damaged: relaunched, the
+        # run falls back to the one before and redoes the last step, ending where it ended.
+        newest = crashed_dir / "checkpoints" / (crashed_dir / "checkpoints" / "latest").read_text()
+        data = newest / "train_state" / "__0_0.distcp"
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+        fallback_log = _finish(_trainer(tiny_model_dir, tmp_path, "crashed", server_b.address))
     finally:
         server_a.stop()
         server_b.stop()
 
     assert "[weight-sync] version 3 confirmed" in resumed_log or "[weight-sync] version 4 confirmed" in resumed_log
+    assert f"[recover] skipped damaged checkpoints (step_{STEPS - 1}: train_state/__0_0.distcp has" in fallback_log, fallback_log[-3000:]
+    assert f"[weight-sync] version {STEPS} confirmed" in fallback_log  # the last step ran again
     ref_rows, rec_rows = _rows(tmp_path / "recover" / "uninterrupted"), _rows(crashed_dir)
     # every step exactly once, with the same prompts in the same order
     assert [r["step"] for r in rec_rows] == list(range(STEPS)), [r["step"] for r in rec_rows]
@@ -95,14 +106,18 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
     ids = [i for r in rec_rows for i in r["prompt_ids"]]
     assert len(ids) == len(set(ids)), "a prompt was trained twice"
     # the same rewards (same samples) and the same final weights
-    assert [r["reward"] for r in rec_rows] == pytest.approx([r["reward"] for r in ref_rows], abs=1e-6)
+    assert [r["reward"] for r in rec_rows] == [r["reward"] for r in ref_rows]
+    # disk weight sync keeps the newest 3 versions (weight_keep_versions), also across the relaunch
+    for run_dir in (tmp_path / "recover" / "uninterrupted", crashed_dir):
+        assert sorted(os.listdir(run_dir / "weights")) == [f"v{v}" for v in range(STEPS - 2, STEPS + 1)]
     ref_w, rec_w = _weights(tmp_path / "recover" / "uninterrupted" / "weights" / f"v{STEPS}"), _weights(crashed_dir / "weights" / f"v{STEPS}")
     assert ref_w.keys() == rec_w.keys()
     init = _weights(Path(tiny_model_dir))
     assert max((ref_w[k] - init[k]).abs().max().item() for k in init) > 1e-4, "training did not move the weights"
     diff = max((ref_w[k] - rec_w[k]).abs().max().item() for k in ref_w)
     print(f"max |weight difference| recovered vs uninterrupted: {diff}")
-    assert diff <= 1e-5, f"recovered run ends {diff} away from the uninterrupted one"
+    for k in ref_w:  # at most fp32 rounding per step (Adam's steps do not scale with the gradients)
+        assert_close(rec_w[k], ref_w[k], n=STEPS * 64, msg=f"recovered run ends {diff} away: {k}")
 
 
 def test_async_recovery_trains_every_handed_out_prompt_exactly_once(tmp_path, tiny_model_dir):

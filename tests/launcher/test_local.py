@@ -12,12 +12,14 @@ from arealite.config import GRPOConfig, load_config
 from arealite.launcher.launch_args import parse_launch_args
 from arealite.launcher.local import LocalRun, main
 from arealite.launcher.process import ManagedProcess
+from tests.devices import train_device_env
 
 pytestmark = pytest.mark.timeout(240)
 
 
 def test_two_servers_two_trainers(launch, tiny_model_dir):
-    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_servers=2", "launcher.n_trainers=2"])
+    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_servers=2", "launcher.n_trainers=2"],
+                 env=train_device_env(2))
     code, out, err = run.finish()
     assert code == 0, err
     ranks = [json.loads((run.run_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -44,7 +46,7 @@ def test_trainer_exit_status_is_returned(tmp_path):
 
 
 def test_killed_server_without_restarts_stops_everything(launch, tiny_model_dir):
-    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait")
+    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait", env=train_device_env(2))
     run.wait_for(run.trainers_started(2), what="two trainer ranks")
     pid = run.kill_first_server()
     code, _, err = run.finish()
@@ -68,7 +70,7 @@ def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir):
 
 
 def test_sigterm_stops_every_child(launch, tiny_model_dir):
-    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait")
+    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait", env=train_device_env(2))
     run.wait_for(run.trainers_started(2), what="two trainer ranks")
     run.proc.send_signal(signal.SIGTERM)
     code, _, err = run.finish()
@@ -94,3 +96,44 @@ def test_bad_arguments_fail_with_a_clear_message(tmp_path, capsys):
     script.write_text("")
     assert main([str(script), "launcher.n_servrs=2"]) == 2
     assert "did you mean launcher.n_servers" in capsys.readouterr().err
+
+
+def _one_visible_gpu(monkeypatch) -> None:
+    # The launcher counts GPUs from CUDA_VISIBLE_DEVICES (else nvidia-smi), without torch.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.delenv("AREALITE_TRAIN_DEVICE", raising=False)
+
+
+def test_more_trainer_ranks_than_gpus_is_refused_at_launch(tmp_path, capsys, monkeypatch):
+    _one_visible_gpu(monkeypatch)
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit('the trainer must not start')")
+    argv = [str(script), f"fileroot={tmp_path}", "server.backend=builtin", "launcher.n_trainers=2"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "2 trainer ranks" in err and "only 1 visible GPU" in err and "launcher.n_trainers=1" in err, err
+    assert "AREALITE_TRAIN_DEVICE=cpu" in err
+    assert not any(tmp_path.rglob("processes.jsonl"))  # refused before anything started
+
+
+def test_distributed_weight_update_beside_a_builtin_server_on_one_gpu_is_refused(tmp_path, capsys, monkeypatch):
+    _one_visible_gpu(monkeypatch)
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit('the trainer must not start')")
+    assert main([str(script), f"fileroot={tmp_path}", "server.backend=builtin", "weight_update=distributed"]) == 2
+    err = capsys.readouterr().err
+    assert "weight_update=distributed" in err and "GPU 0" in err and "weight_update=disk" in err, err
+
+
+def test_gpu_placement_allows_what_works(tmp_path, monkeypatch):
+    from arealite.launcher.local import check_gpu_placement
+
+    def config(*overrides: str) -> GRPOConfig:
+        return load_config([f"fileroot={tmp_path}", *overrides], GRPOConfig)
+
+    monkeypatch.delenv("AREALITE_TRAIN_DEVICE", raising=False)
+    check_gpu_placement(config("launcher.n_trainers=2"), "builtin", ["0", "1"])  # a GPU per rank
+    check_gpu_placement(config("launcher.n_trainers=4", "weight_update=distributed"), "builtin", [])  # CPU machine
+    check_gpu_placement(config("weight_update=distributed", "server.extra_args=[--device,cpu]"), "builtin", ["0"])
+    monkeypatch.setenv("AREALITE_TRAIN_DEVICE", "cpu")  # trainer ranks on the CPU: any number, no NCCL
+    check_gpu_placement(config("launcher.n_trainers=2", "weight_update=distributed"), "builtin", ["0"])

@@ -50,12 +50,14 @@ def tokenizer(tiny_model_dir):
 class FaultyServer:
     """An HTTP server on loopback whose /generate answers 500, garbage, or never.
 
-    `health` chooses whether /health answers (200) or hangs too. Runs its own event loop in
+    `health` chooses whether /health answers (200) or hangs too; `pause` whether
+    /pause_generation does. Runs its own event loop in
     a daemon thread; `hits` counts /generate calls.
     """
 
     def __init__(self, mode: str, health: str = "ok") -> None:
         self.mode, self.health = mode, health
+        self.pause = "ok"  # or "never": /pause_generation hangs
         self.port = free_port()
         self.hits = 0
         self._loop = asyncio.new_event_loop()
@@ -77,6 +79,11 @@ class FaultyServer:
     async def _ok(self, request: web.Request) -> web.Response:
         return web.json_response({})
 
+    async def _pause(self, request: web.Request) -> web.Response:
+        if self.pause == "never":
+            await self._hang()
+        return web.json_response({})
+
     async def _generate(self, request: web.Request) -> web.Response:
         self.hits += 1
         if self.mode == "500":
@@ -92,7 +99,7 @@ class FaultyServer:
         app = web.Application()
         app.router.add_get("/health", self._health)
         app.router.add_post("/generate", self._generate)
-        app.router.add_post("/pause_generation", self._ok)
+        app.router.add_post("/pause_generation", self._pause)
         app.router.add_post("/continue_generation", self._ok)
         # handlers that hang are dropped after 1 s at shutdown instead of aiohttp's 60 s
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)

@@ -55,7 +55,7 @@ def test_server_that_never_answers_times_out(faulty_server, tokenizer):
     start = time.monotonic()
     cause = _rollout(faulty_server.address, tokenizer)
     assert isinstance(cause, ServerUnavailable), repr(cause)
-    assert "timed out" in str(cause) and faulty_server.address in str(cause)
+    assert "timed out" in str(cause) and faulty_server.address in str(cause) and "rollout.request_timeout" in str(cause)
     # two attempts of request_timeout plus backoff, not an hour
     assert time.monotonic() - start < 30
 
@@ -86,3 +86,21 @@ def test_server_that_goes_silent_mid_run_leaves_rotation(faulty_server, tokenize
         workflow.scorer.pool.close()
     assert isinstance(info.value.__cause__, ServerUnavailable), repr(info.value.__cause__)
     assert "no server in rotation" in str(info.value.__cause__)
+
+
+@pytest.mark.parametrize("faulty_server", [("never", "ok")], indirect=True)
+def test_pause_that_never_answers_is_bounded_and_named(faulty_server, caplog):
+    """/pause_generation hangs: pause() returns after rollout.control_timeout, the server out
+    of rotation with a reason that names the setting."""
+    faulty_server.pause = "never"
+    engine = RemoteSGLangEngine(InferenceEngineConfig(**FAST_FAILING, control_timeout=1.0), [faulty_server.address])
+    engine.initialize()
+    try:
+        start = time.monotonic()
+        with caplog.at_level("WARNING", logger="arealite.rollout.health"):
+            engine.pause()
+        assert time.monotonic() - start < 10
+        assert engine.pool.down == [faulty_server.address]
+    finally:
+        engine.destroy()
+    assert "timed out after 1.0s; raise rollout.control_timeout" in caplog.text and faulty_server.address in caplog.text

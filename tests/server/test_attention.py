@@ -5,6 +5,7 @@ from transformers import AutoModelForCausalLM
 
 from arealite.server.attention import grouped_sdpa_forward
 from arealite.server.model_runner import ModelRunner
+from tests.tolerance import assert_close
 
 
 def _eager_reference(q, k, v, mask):
@@ -24,7 +25,7 @@ def test_grouped_heads_match_repeated_kv_for_prefill_and_decode():
         mask = torch.where(keep, 0.0, torch.finfo(torch.float32).min)
         out, weights = grouped_sdpa_forward(torch.nn.Module(), q, k, v, mask)
         assert weights is None and out.shape == (3, q_len, 4, 8)
-        assert (out - _eager_reference(q, k, v, mask)).abs().max().item() < 1e-5
+        assert_close(out, _eager_reference(q, k, v, mask), n=6 * 8)  # softmax over 6 keys of dim 8
 
 
 def test_runner_matches_eager_model_and_stays_finite_on_left_padding(tiny_model_dir):
@@ -37,5 +38,5 @@ def test_runner_matches_eager_model_and_stays_finite_on_left_padding(tiny_model_
     with torch.no_grad():
         for i, p in enumerate(prompts):
             ref = eager(input_ids=torch.tensor([p + [20 + i]])).logits[0]
-            assert (logits[i, -len(p) :] - ref[:-1]).abs().max().item() < 1e-5
-            assert (step[i] - ref[-1]).abs().max().item() < 1e-5
+            assert_close(logits[i, -len(p) :], ref[:-1], n=64)  # the tiny model's hidden size
+            assert_close(step[i], ref[-1], n=64)

@@ -6,8 +6,10 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
 from tests.server.conftest import reference_greedy, reference_logprobs
+from tests.tolerance import tolerance
 
 pytestmark = pytest.mark.timeout(180)
 EOS = 514  # the tiny model's <|im_end|>
@@ -31,18 +33,21 @@ def test_single_generate_shape(server):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
 def test_logprobs_match_plain_forward(server, hf_model, temperature):
-    """Server logprobs == log_softmax(logits / T) of one plain forward, mean |diff| <= 1e-4."""
+    """Server logprobs == log_softmax(logits / T) of one plain forward, up to fp32 rounding."""
     prompts = _prompts(6, seed=1)
     body = {"input_ids": prompts, "return_logprob": True, "sampling_params": {"max_new_tokens": 12, "temperature": temperature, "ignore_eos": True}}
     status, outs = server.post("/generate", body)
     assert status == 200, outs
-    diffs = []
+    diffs, scale = [], []
     for prompt, out in zip(prompts, outs):
         served = [t[0] for t in out["meta_info"]["output_token_logprobs"]]
         ref = reference_logprobs(hf_model, prompt, out["output_ids"], temperature)
         diffs += [abs(a - b) for a, b in zip(served, ref)]
+        scale += [abs(b) for b in ref]
     assert len(diffs) == 6 * 12
-    assert sum(diffs) / len(diffs) <= 1e-4, max(diffs)
+    # fp32 rounding through the tiny model's 64-long dot products, relative to mean |logprob|
+    bound = tolerance(torch.float32, 64) * max(sum(scale) / len(scale), 1.0)
+    assert sum(diffs) / len(diffs) <= bound, (max(diffs), bound)
 
 
 def test_batched_greedy_equals_alone_and_reference(server, hf_model):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from arealite.server.model_runner import ModelRunner
 from arealite.server.sampling import SamplingParams, _sample_truncated, apply_penalties, sample
+from tests.tolerance import assert_close, close
 
 
 def naive_allowed(probs: list[float], top_k: int, top_p: float, min_p: float) -> set[int]:
@@ -58,7 +57,7 @@ def test_penalties_match_naive_loop():
             expected[b, v] = x
     out = logits.clone()
     apply_penalties(out, counts, seen, params)
-    torch.testing.assert_close(out, expected)
+    assert_close(out, expected, n=3)  # three fp32 operations per logit
 
 
 def test_sample_logprobs_are_tempered_log_softmax():
@@ -70,8 +69,8 @@ def test_sample_logprobs_are_tempered_log_softmax():
     assert out.tokens[0] == logits[0].argmax()
     for b, t in enumerate((1.0, 0.5, 1.3)):
         ref = torch.log_softmax(logits[b] / t, -1)
-        assert math.isclose(out.logprobs[b].item(), ref[out.tokens[b]].item(), abs_tol=1e-6)
-        torch.testing.assert_close(out.top_logprobs[b], ref.topk(4).values)
+        assert close(out.logprobs[b].item(), ref[out.tokens[b]].item(), n=20)  # a softmax over 20 logits
+        assert_close(out.top_logprobs[b], ref.topk(4).values, n=20)
     assert out.tokens[2] in logits[2].topk(2).indices
 
 
@@ -109,5 +108,5 @@ def test_kv_batch_join_and_leave_equals_solo(model_dir):
             got[i].append(logits[row])
     for i, rows in got.items():
         for a, b in zip(rows, refs[i]):
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+            assert_close(a, b, n=64)  # fp32 logits through the tiny model's 64-long dot products
     assert kv.mask.shape[0] == 2

@@ -38,3 +38,43 @@ def test_deterministic_for_seed(tmp_path, tiny_model_dir):
     different = build_tiny_model(str(tmp_path / "seed1"), seed=1)
     c = AutoModelForCausalLM.from_pretrained(different).state_dict()
     assert not torch.equal(a["model.embed_tokens.weight"], c["model.embed_tokens.weight"])
+
+
+def test_chat_template_without_tools_is_plain_chatml(tiny_model_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    conv = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "1+1="},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "and 2+2?"},
+    ]
+    expected = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conv)
+    assert tok.apply_chat_template(conv, tokenize=False) == expected
+    assert tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True) == expected + "<|im_start|>assistant\n"
+
+
+def test_chat_template_renders_tools_like_qwen25(tiny_model_dir):
+    """Tool calls and results use Qwen2.5's markup; only the tool list in the system turn is terser."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tool = {"type": "function", "function": {"name": "calculator", "description": "Evaluate it.",
+                                             "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}
+    conv = [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": "12*34="},
+        {"role": "assistant", "content": None, "tool_calls": [call, call]},
+        {"role": "tool", "content": "408"},
+        {"role": "tool", "content": "408"},
+        {"role": "assistant", "content": "408"},
+    ]
+    text = tok.apply_chat_template(conv, tools=[tool], tokenize=False)
+    body = (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call>'
+        '\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*34"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n408\n</tool_response>\n<tool_response>\n408\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n408<|im_end|>\n"
+    )
+    assert text == (
+        "<|im_start|>system\nUse tools.\n\n# Tools\ncalculator(expression): Evaluate it.\n<|im_end|>\n"
+        "<|im_start|>user\n12*34=<|im_end|>\n" + body
+    )

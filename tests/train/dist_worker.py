@@ -42,7 +42,7 @@ def train_one_step(model_dir: str, uneven: bool = False, fused: bool = False) ->
     # Adam's eps bounds how much it amplifies rounding in near-zero gradients (gain lr/eps):
     # 1e-4 keeps the 1-vs-2-rank comparison about the gradients, not float summation order.
     mb_spec = MicroBatchSpec(n_mbs=3, balance_across_ranks=False) if uneven else MicroBatchSpec(n_mbs=2)
-    cfg = PPOActorConfig(path=model_dir, group_size=2, optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
+    cfg = PPOActorConfig(path=model_dir, dtype="float32", group_size=2, optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
                          mb_spec=mb_spec, use_decoupled_loss=True)  # fmt: skip
     actor = PPOActor(cfg).initialize()
     batch = make_batch(GLOBAL_LENS, seed=21)

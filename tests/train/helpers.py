@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from tests.devices import train_device_env
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -46,7 +48,8 @@ PYTHON = sys.executable
 
 
 def run_ranks(world_size: int, args: list[str], timeout: float = 240.0) -> None:
-    """Run tests/train/dist_worker.py as `world_size` trainer ranks (torchrun's env), on gloo.
+    """Run tests/train/dist_worker.py as `world_size` trainer ranks (torchrun's env): one GPU
+    each when there are enough, else on the CPU with gloo.
 
     Fails with every rank's output tail if a rank exits non-zero or time runs out; never
     leaves a rank behind.
@@ -61,7 +64,8 @@ def run_ranks(world_size: int, args: list[str], timeout: float = 240.0) -> None:
     try:
         for rank in range(world_size):
             env = subprocess_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                                 LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+                                 LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                                 **train_device_env(world_size))  # fmt: skip
             log = tempfile.TemporaryFile()
             logs.append(log)
             procs.append(subprocess.Popen([PYTHON, worker, *args], env=env, stdout=log, stderr=subprocess.STDOUT))

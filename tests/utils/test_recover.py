@@ -1,5 +1,6 @@
 """Recover: a checkpoint restores weights, optimizer, lr schedule, data position and RNG; a
-half-written checkpoint is never loaded; old ones are pruned."""
+half-written checkpoint is never loaded; old ones are pruned; a damaged newest one (a file
+truncated, altered or deleted) is skipped for the previous good one."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def _engine(path: str) -> FSDPEngine:
     opt = OptimizerConfig(lr=1e-2, lr_scheduler_type="linear", warmup_steps_proportion=0.2)
-    return FSDPEngine(TrainEngineConfig(path=path, optimizer=opt), total_train_steps=10).initialize()
+    return FSDPEngine(TrainEngineConfig(path=path, dtype="float32", optimizer=opt), total_train_steps=10).initialize()
 
 
 def _step(engine: FSDPEngine, seed: int) -> None:
@@ -102,3 +103,65 @@ def test_modes_and_schedule(tmp_path):
     r = Recover(RecoverConfig(freq_steps=3), str(tmp_path))
     assert [s for s in range(10) if r.should_save(s, 10)] == [2, 5, 8, 9]
     assert not Recover(RecoverConfig(mode="disabled"), str(tmp_path)).should_save(9, 10)
+
+
+def _damage(folder, how: str) -> str:
+    """Damage one file of the checkpoint in `folder` as a full disk, a bad copy or a stray
+    delete would; returns the file's name relative to the folder."""
+    data = folder / "train_state" / "__0_0.distcp"
+    if how == "truncate":
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+        return "train_state/__0_0.distcp"
+    if how == "flip_bytes":  # same size: only the checksum tells
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2 : len(raw) // 2 + 8] = bytes(b ^ 0xFF for b in raw[len(raw) // 2 : len(raw) // 2 + 8])
+        data.write_bytes(bytes(raw))
+        return "train_state/__0_0.distcp"
+    if how == "delete":
+        (folder / "rank0.pt").unlink()
+        return "rank0.pt"
+    (folder / "meta.json").write_text('{"step": 2, "vers')  # "bad_meta": cut mid-write
+    return "meta.json"
+
+
+@pytest.fixture(scope="module")
+def three_checkpoints(tmp_path_factory, tiny_model_dir):
+    """A run dir with checkpoints after steps 0, 1 and 2, and the parameters saved at step 1."""
+    run_dir = tmp_path_factory.mktemp("three_checkpoints")
+    engine = _engine(tiny_model_dir)
+    recover = Recover(RecoverConfig(freq_steps=1, keep_last=3), str(run_dir))
+    saved = {}
+    for step in range(3):
+        _step(engine, step)
+        recover.save(step, step + 1, engine, None)
+        saved[step] = _params(engine)
+    engine.destroy()
+    return run_dir, saved
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip_bytes", "delete", "bad_meta"])
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(three_checkpoints, tmp_path, tiny_model_dir, how, caplog):
+    import shutil
+
+    source, saved = three_checkpoints
+    shutil.copytree(source, tmp_path / "run")
+    damaged = _damage(tmp_path / "run" / "checkpoints" / "step_2", how)
+    engine = _engine(tiny_model_dir)
+    with caplog.at_level("WARNING", logger="arealite.utils.recover"):
+        info = Recover(RecoverConfig(mode="resume"), str(tmp_path / "run")).load(engine, None)
+    assert (info.step, info.version) == (1, 2)
+    got = _params(engine)
+    assert all(torch.equal(got[k], saved[1][k]) for k in got), "not the parameters saved at step 1"
+    assert "step_2" in caplog.text and damaged in caplog.text and "falling back" in caplog.text, caplog.text
+    engine.destroy()
+
+
+def test_every_checkpoint_damaged_is_an_error_naming_each(three_checkpoints, tmp_path):
+    import shutil
+
+    source, _ = three_checkpoints
+    shutil.copytree(source, tmp_path / "run")
+    for step, how in zip(range(3), ["truncate", "delete", "flip_bytes"]):
+        _damage(tmp_path / "run" / "checkpoints" / f"step_{step}", how)
+    with pytest.raises(RecoverError, match=r"every checkpoint .* is damaged \(step_2: .*SHA-256.*; step_1: rank0.pt is missing; step_0: .*truncated"):
+        Recover(RecoverConfig(), str(tmp_path / "run")).load(None, None)

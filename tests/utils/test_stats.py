@@ -98,14 +98,23 @@ def test_missing_optional_backends_fail_naming_the_fix(tmp_path, monkeypatch):
 
 def test_plot_writes_a_png_with_every_panel(tmp_path):
     pytest.importorskip("matplotlib")
-    from arealite.utils.plots import main, plot_run
+    from arealite.utils.plots import PANELS, _keys_like, main, plot_run
 
+    rows = []
+    for step in range(5):
+        row = {"step": step, "reward": step / 5, "loss": 1 - step / 5, "logprob_mismatch": 1e-6, "entropy": 0.5,
+               "response_len": 2.5, "response_len_max": 4, "truncated_frac": 0.0, "staleness": 1.0, "staleness_max": 2,
+               "time/step": 1.0, "time/rollout": 0.5, "time/advantages": 0.01, "dropped_groups": step}  # fmt: skip
+        if step % 2 == 0:
+            row.update({"eval/version": step, "eval/pass@1": step / 10, "eval/pass@4": step / 5, "eval/maj@4": step / 8})
+        rows.append(row)
     with open(tmp_path / "stats.jsonl", "w") as f:
-        for step in range(5):
-            row = {"step": step, "reward": step / 5, "loss": 1 - step / 5, "logprob_mismatch": 1e-6, "time/step": 1.0}
-            if step % 2 == 0:
-                row.update({"eval/version": step, "eval/pass@1": step / 10, "eval/pass@4": step / 5, "eval/maj@4": step / 8})
-            f.write(json.dumps(row) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    # every panel finds its keys in such a run (none would say "not logged")
+    for title, x, ys in PANELS:
+        assert any(k in rows[0] or k in rows[2] for y in ys for k in _keys_like(rows, y)), title
+    # timings the loop adds later (time/advantages) are drawn without a code change, the total last
+    assert _keys_like(rows, "time/*") == ["time/advantages", "time/rollout", "time/step"]
     path = plot_run(str(tmp_path))
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -19,3 +19,8 @@ def hangs(prompt, completion, prompt_ids, completion_ids, **data):
 
 def completion_length(prompt, completion, prompt_ids, completion_ids, **data):
     return float(len(completion_ids))
+
+
+def reports_truncation(prompt, completion, prompt_ids, completion_ids, truncated, **data):
+    """1 for a truncated response, else 0: echoes what the workflow passed."""
+    return float(truncated)

@@ -7,7 +7,7 @@ from arealite.reward.pool import RewardPool
 from arealite.rollout import RolloutWorkflowError
 from arealite.workflow import RLVRWorkflow
 
-from .rewards import always_raises, completion_length, hangs
+from .rewards import always_raises, completion_length, hangs, reports_truncation
 
 pytestmark = pytest.mark.timeout(180)
 RECORDS = [{"id": "a", "prompt": "What is 1 + 1?", "answer": "2"}, {"id": "b", "prompt": "What is 2 + 2?", "answer": "4"}]
@@ -17,6 +17,25 @@ def test_rewards_see_the_completion_ids(server_engine, tokenizer):
     workflow = RLVRWorkflow(completion_length, GenerationHyperparameters(group_size=2, max_new_tokens=5), tokenizer)
     batch = server_engine.rollout_batch(RECORDS, workflow)
     assert batch["rewards"].tolist() == batch["loss_mask"].sum(1).float().tolist()
+
+
+def test_truncated_responses_are_recorded_and_told_to_rewards_that_ask(server_engine, tokenizer):
+    """`truncated` is True exactly when a response used its whole budget without ending on a
+    stop token; a reward declaring `truncated` receives the same flag."""
+    vocab = len(tokenizer)
+    stops = list(range(0, vocab, 2))  # every even id stops: about half the 2-token budgets run out
+    gconfig = GenerationHyperparameters(group_size=8, max_new_tokens=2, stop_token_ids=stops, sampling_seed=3)
+    workflow = RLVRWorkflow(reports_truncation, gconfig, tokenizer)
+    records = [{"id": f"t{i}", "prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+    batch = server_engine.rollout_batch(records, workflow)
+    stop_set = set(stops) | {tokenizer.eos_token_id}
+    expected = []
+    for ids, mask in zip(batch["input_ids"], batch["loss_mask"].bool()):
+        out = ids[mask].tolist()
+        expected.append(len(out) == 2 and out[-1] not in stop_set)
+    assert batch["truncated"].tolist() == expected
+    assert batch["rewards"].tolist() == [float(x) for x in expected]
+    assert 0 < sum(expected) < len(expected), "both kinds must occur for the check to mean anything"
 
 
 def test_raising_reward_rejects_the_group_and_is_counted(server_engine, tokenizer):

@@ -1,0 +1,136 @@
+"""Dynamic sampling (DAPO): train only on groups whose rewards differ, sampling more prompts
+until the batch is full (`rollout.dynamic_sampling`).
+
+A group whose samples all got the same reward has zero group-relative advantage on every
+token: it costs a training step's compute and teaches nothing, and most groups are like that
+once a task is mostly solved (all correct). Dropping them keeps every trained group
+informative, so each step carries a full batch of signal.
+
+- Asynchronous runs filter each episode as it finishes (`DataFeed.tag(workflow,
+  sampler.accept)`, which also retires the dropped prompt) and the executor keeps
+  submitting until the batch is full.
+- Synchronous runs (`sampler.next_batch`) take prompts from the feed as one stream:
+  a step trains the first `batch_size` prompts of the stream whose groups' rewards differ,
+  all sampled at the current weights. The prompts before them with equal rewards are dropped;
+  those after them (the surplus of the last round) go back to the front of the stream and
+  are sampled again, with the next weights, at the next step. So which prompts a step trains
+  depends only on the data order, the rewards and the sampling seeds, not on how the rounds
+  were cut: a recovered run (its feed replays the prompts handed out but not trained, in
+  order) reproduces the uninterrupted one.
+
+Either way the feed retires every dropped prompt (`DataFeed.drop`) and counts it in
+`feed.dropped_groups`, and `feed.consume(batch)` returns the prompts actually trained.
+
+The search is bounded: once a step has sampled `MAX_SAMPLED_BATCHES` batches' worth of
+prompts (a task the policy has nearly solved, or a reward that is constant), the batch is
+filled up with equal-reward groups instead (they have zero advantage, so the step is cheap
+and harmless), counted in `filler_groups`; asynchronously, a group passes after that many
+drops in a row. Without the bound such a run would sample forever.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator
+from itertools import chain, repeat
+from typing import Any
+
+import torch
+
+from arealite.rollout.batch import concat_padded
+from arealite.utils.data_feed import INDEX_KEY, DataFeed
+
+Batch = dict[str, torch.Tensor]
+MAX_SAMPLED_BATCHES = 8  # a step samples at most this many batches' worth of prompts looking for signal
+ROUND_MARGIN = 1.25  # a round samples this much more than the acceptance rate says is missing
+
+
+def rewards_differ(trajectory: Batch) -> bool:
+    """True when the group's `rewards` [G] are not all equal (exact comparison)."""
+    rewards = trajectory["rewards"]
+    return bool(rewards.numel() > 1 and (rewards != rewards[0]).any())
+
+
+def informative_rows(batch: Batch, group_size: int) -> list[list[int]]:
+    """The rows of each group (`group_size` consecutive rows) whose rewards differ, in order."""
+    n = batch["rewards"].shape[0]
+    if n % group_size:
+        raise ValueError(f"batch of {n} rows is not a whole number of groups of {group_size}")
+    return [rows for rows in _groups(batch, group_size) if rewards_differ({"rewards": batch["rewards"][rows]})]
+
+
+class DynamicSampler:
+    """Batches of groups whose rewards differ, from `feed`; see the module docstring.
+
+    Synchronous: `next_batch`, with a workflow tagged by `feed.tag` (rows carry
+    `prompt_index`). Asynchronous: `feed.tag(workflow, sampler.accept)` and `prepare_batch`.
+    """
+
+    def __init__(self, feed: DataFeed, group_size: int) -> None:
+        self.feed = feed
+        self.group_size = group_size
+        self.batch_size = feed.batch_size  # groups per batch on this rank
+        self._dropped_in_a_row = 0
+        self._stream: Iterator[dict[str, Any]] = (r for prompts in chain.from_iterable(repeat(feed)) for r in prompts)
+        self._front: deque[dict[str, Any]] = deque()  # handed out, not trained: sampled again first
+        self._rate = 1.0  # groups accepted per prompt sampled, in the last step
+        self.filler_groups = 0  # equal-reward groups trained because the search bound was reached
+
+    def accept(self, trajectory: Batch) -> bool:
+        """`should_accept` for asynchronous runs (called on the rollout thread only)."""
+        if rewards_differ(trajectory):
+            self._dropped_in_a_row = 0
+            return True
+        if self._dropped_in_a_row >= MAX_SAMPLED_BATCHES * self.batch_size:
+            self.filler_groups += 1
+            return True
+        self._dropped_in_a_row += 1
+        return False
+
+    def _take(self, n: int) -> list[dict[str, Any]]:
+        out = [self._front.popleft() for _ in range(min(n, len(self._front)))]
+        out += [next(self._stream) for _ in range(n - len(out))]
+        return out
+
+    def next_batch(self, rollout: Any, workflow: Any) -> Batch:
+        """One batch of groups whose rewards differ (see the bound above), sampled at the current weights."""
+        batch_size = self.batch_size
+        kept: list[Batch] = []
+        sampled = accepted = 0
+        budget = MAX_SAMPLED_BATCHES * batch_size
+        while len(kept) < batch_size:
+            missing = batch_size - len(kept)
+            if sampled >= budget:
+                raise RuntimeError(
+                    f"dynamic sampling: {sampled} prompts gave only {len(kept)} of {batch_size} groups; "
+                    "the workflow rejected the rest (see its reward errors)"
+                )
+            rate = accepted / sampled if sampled else self._rate  # this step's so far, else the last step's
+            want = math.ceil(ROUND_MARGIN * missing / max(rate, 1.0 / MAX_SAMPLED_BATCHES))
+            prompts = self._take(max(missing, min(want, budget - sampled)))
+            sampled += len(prompts)
+            batch = rollout.rollout_batch(prompts, workflow)
+            groups = informative_rows(batch, self.group_size)
+            accepted += len(groups)
+            taken = groups[:missing]
+            if sampled >= budget and len(taken) < missing:  # the bound: fill up with equal-reward groups
+                others = [rows for rows in _groups(batch, self.group_size) if rows not in groups]
+                fillers = others[: missing - len(taken)]
+                self.filler_groups += len(fillers)
+                taken = sorted(taken + fillers)
+            kept += [{k: v[rows] for k, v in batch.items()} for rows in taken]
+            trained = {int(batch[INDEX_KEY][rows[0]]) for rows in taken}
+            # the prompts up to the last one trained are used up; those after it go back to the stream
+            position = {int(p[INDEX_KEY]): j for j, p in enumerate(prompts)}
+            used = position[max(trained, key=position.__getitem__)] + 1 if len(kept) == batch_size else len(prompts)
+            for p in prompts[:used]:
+                if int(p[INDEX_KEY]) not in trained:
+                    self.feed.drop(int(p[INDEX_KEY]))  # equal rewards (or a group the workflow rejected)
+            self._front.extendleft(reversed(prompts[used:]))
+        self._rate = accepted / sampled
+        return concat_padded(kept)
+
+
+def _groups(batch: Batch, group_size: int) -> list[list[int]]:
+    return [list(range(g, g + group_size)) for g in range(0, batch["rewards"].shape[0], group_size)]

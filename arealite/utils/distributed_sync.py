@@ -1,0 +1,155 @@
+"""The distributed weight sync: a broadcast group that survives a server dying in it.
+
+The trainer's rank 0 and the servers form a torch.distributed group; rank 0 broadcasts the
+buckets while the rollout client sends each server one call per bucket. A group with a dead
+member cannot be repaired: its collectives fail (a killed server resets its connections, so
+rank 0 learns within milliseconds) or time out (a hung one, after
+`rollout.weight_update_timeout`). So rank 0
+
+1. drops its end of the group, which closes its connections: the survivors' pending
+   receives fail at once instead of at their timeout;
+2. probes the members and takes the dead out of rotation;
+3. builds a fresh group (new name, new port) of the rest and broadcasts every bucket again,
+   so no survivor keeps a half-updated model.
+
+The group is kept across syncs while its membership holds, and rebuilt when it changes or a
+kept group fails: a server that comes back after missing a broadcast waits out of rotation
+(`awaiting`) until the next sync builds a group with it and feeds it the weights, then
+rejoins.
+
+Every trainer rank runs `broadcast_weights` (gathering full parameters is collective); only
+rank 0 talks to the servers, and it tells the others whether to go again. Duck-typed like
+weight_sync: it imports neither the rollout client nor the trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+import uuid
+
+import torch
+
+from arealite import distributed as dist_utils
+from arealite.types import WeightUpdateMeta
+from arealite.utils.process_group import WeightBroadcastError
+
+logger = logging.getLogger(__name__)
+_DONE, _RETRY, _FAIL = 0, 1, 2
+
+
+class WeightSyncError(RuntimeError):
+    """The distributed weight sync could not reach a consistent state on any server."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _abandon(actor, rollout, meta: WeightUpdateMeta) -> None:
+    actor.destroy_weight_update_group(meta.group_name)
+    rollout.leave_weights_update_group()
+
+
+def ensure_group(actor, rollout, meta: WeightUpdateMeta) -> WeightUpdateMeta:
+    """Rank 0: `meta` with the group of the servers now alive, building one if needed.
+
+    A server that fails to join (dead, or the rendezvous timed out) is excluded and the
+    group is built again without it; raises WeightSyncError when no server is left or a
+    join failed with every server alive.
+    """
+    while True:
+        members = rollout.weight_group_candidates()
+        current, current_members = rollout.current_weight_group()
+        if current is not None and members == current_members:
+            return dataclasses.replace(meta, group_name=current.group_name, master_port=current.master_port)
+        if current is not None:
+            _abandon(actor, rollout, current)
+        if not members:
+            raise WeightSyncError("no inference server answers /health; none can receive the weights")
+        base = meta.group_name.split("#")[0]
+        new = dataclasses.replace(meta, group_name=f"{base}#{uuid.uuid4().hex[:8]}", master_port=_free_port())
+        joined = rollout.init_weights_update_group(new, members)  # the servers block until rank 0 joins
+        try:
+            actor.init_weight_update_group(new, 1 + len(members))
+            joined.result()
+            logger.info("weight-update group %s formed with %s", new.group_name, members)
+            return new
+        except Exception as e:  # noqa: BLE001 - the rendezvous or a server's join failed
+            error = e
+        joined.exception()  # wait for the servers' side (bounded by their timeout) before retrying
+        _abandon(actor, rollout, new)
+        if not rollout.exclude_dead(members):
+            raise WeightSyncError(f"the weight-update group could not be formed, though every server is alive: {error}") from error
+        logger.warning("weight-update group %s failed to form (%s); retrying without the dead servers", new.group_name, error)
+
+
+def _settle(actor, rollout, meta: WeightUpdateMeta, future, broadcast_error: Exception | None, fresh: bool) -> tuple[int, str]:
+    """Rank 0, after one attempt: wait for the servers' calls, exclude the dead, decide.
+
+    `fresh`: the group was built for this attempt. A kept group can fail with every server
+    alive (a server restarted between syncs faster than the health probes noticed is not in
+    it); that is worth one more try with a new group, a fresh group failing so is not.
+    """
+    members = rollout.current_weight_group()[1]
+    dead = []
+    if broadcast_error is not None:  # find the culprit at once: its pending call is then abandoned
+        dead = rollout.exclude_dead(members)
+    try:
+        future.result()
+        update_error = None
+    except Exception as e:  # noqa: BLE001 - WeightUpdateError, or the loop's own failure
+        update_error = e
+    if broadcast_error is None and update_error is None:
+        return _DONE, ""
+    _abandon(actor, rollout, meta)  # a group with a failed member is unusable
+    dead += rollout.exclude_dead([m for m in members if m not in dead])
+    failed = set(getattr(update_error, "failed", {}) or members) if update_error is not None else set()
+    errors = "; ".join(str(e) for e in (broadcast_error, update_error) if e is not None)
+    if dead:
+        logger.warning("servers %s died during the weight update (%s); continuing on the others", dead, errors)
+    if broadcast_error is None and failed <= set(dead) and set(members) - set(dead):
+        return _DONE, ""  # every live member received every bucket
+    if (dead or not fresh) and set(members) - set(dead):
+        return _RETRY, errors
+    reason = "no server survived it" if dead else "every server is alive and a fresh group failed too"
+    return _FAIL, f"the distributed weight update failed and {reason}: {errors}"
+
+
+def broadcast_weights(actor, rollout, meta: WeightUpdateMeta, rank: int) -> None:
+    """Push the actor's weights to every live server by broadcast; collective over trainer ranks.
+
+    Retries without the servers that died until the live ones all hold every bucket. Raises
+    WeightSyncError (on every rank) when that cannot be reached.
+    """
+    while True:
+        future, failure = None, None
+        if rank == 0:
+            try:
+                kept = rollout.current_weight_group()[0]
+                meta = ensure_group(actor, rollout, meta)
+                fresh = kept is None or kept.group_name != meta.group_name
+                future = rollout.update_weights(meta)
+            except Exception as e:  # noqa: BLE001 - reported after the collective part
+                failure = e
+                meta = dataclasses.replace(meta, group_name="")  # no group: rank 0 only gathers
+        try:
+            actor.upload_weights(meta)  # gathers on every rank; rank 0 broadcasts while the servers receive
+        except WeightBroadcastError as e:
+            failure = failure or e
+        status, message = _DONE, ""
+        if rank == 0:
+            if future is None:
+                status, message = _FAIL, str(failure)
+            else:
+                status, message = _settle(actor, rollout, meta, future, failure, fresh)
+        flag = dist_utils.all_reduce(torch.tensor([status]), "max")  # rank 0 decides for everyone
+        status = int(flag.item())
+        if status == _DONE:
+            return
+        if status == _FAIL:
+            raise WeightSyncError(message if rank == 0 else "the distributed weight update failed on trainer rank 0; see its log")
+        logger.warning("retrying the weight broadcast on the remaining servers: %s", message)

@@ -1,0 +1,112 @@
+"""GRPO with tools: the model learns to use a calculator for multiplications it cannot do itself.
+
+    python -m arealite.launcher.local examples/tools_grpo.py --config configs/tiny_cpu_tools.yaml
+
+Each sample is an agent conversation (`ToolUseWorkflow`, written against the OpenAI-style
+`arealite.chat.ChatClient`): the model may call the tools of `tool_use.tools`, their results
+are appended as tool messages and loss-masked, and the final answer is scored by the task's
+reward. The held-out accuracy (`evaluator.k` samples per record at `evaluator.temperature`,
+records whose question is in the training set left out) is measured before training with the
+tools, and after training with the tools and with every tool disabled (`DisabledTool`: the
+same prompt, every call failing, so the answer is the model's own). The last line is
+
+    accuracy_before=<x> accuracy_with_tool=<y> accuracy_without_tool=<z>
+
+The loop is the one of examples/gsm8k_grpo.py without periodic evaluation and checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from transformers import AutoTokenizer
+
+from arealite.config import ConfigError, GRPOConfig, load_config, save_config
+from arealite.data.loader import create_dataloader, load_records
+from arealite.distributed import all_reduce, barrier, init_distributed
+from arealite.eval.evaluator import eval_gconfig
+from arealite.eval.task import held_out_records, reward_fn_for
+from arealite.reward.pool import RewardPool
+from arealite.rollout import RemoteSGLangEngine
+from arealite.train import PPOActor
+from arealite.utils.imports import import_object
+from arealite.utils.stats_logger import StatsLogger
+from arealite.utils.stats_tracker import StatsTracker
+from arealite.utils.timing import StepTimer
+from arealite.utils.training_stats import batch_stats
+from arealite.utils.weight_sync import init_weight_update, sync_weights
+from arealite.workflow import ToolUseWorkflow
+from arealite.workflow.tools import DisabledTool
+
+
+def accuracy(rollout: RemoteSGLangEngine, workflow: ToolUseWorkflow, records: list[dict]) -> float:
+    """Mean reward of `workflow` over this rank's `records`, over all ranks; collective."""
+    rewards = rollout.rollout_batch(records, workflow)["rewards"] if records else torch.zeros(0)
+    totals = all_reduce(torch.tensor([rewards.sum().item(), rewards.numel()], dtype=torch.float64))
+    return (totals[0] / totals[1]).item()
+
+
+def question(record: dict) -> str:
+    return record["messages"][-1]["content"]
+
+
+def main(argv: list[str]) -> None:
+    config = load_config(argv, GRPOConfig)
+    if config.tool_use is None:
+        raise ConfigError("tool_use is not set; add a tool_use: section (see configs/tiny_cpu_tools.yaml)")
+    rank, world_size = init_distributed()
+    if rank == 0:
+        save_config(config, os.path.join(config.run_dir, "config.yaml"))
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.actor.path)
+    records = load_records(config.train_dataset, split="train", seed=config.seed)
+    loader = create_dataloader(records, config.train_dataset.batch_size, rank, world_size, config.train_dataset.shuffle, config.seed)
+    seen = {question(r) for r in records}  # held out means unseen in training
+    held_out = [r for r in held_out_records(config, tokenizer) if question(r) not in seen][: config.evaluator.num_samples]
+    if rank == 0:
+        print(f"[eval] {len(held_out)} held-out records, none of their questions in the training set", flush=True)
+    held_out = held_out[rank::world_size]
+    tools = [import_object(spec)() for spec in config.tool_use.tools]
+    reward_fn, turns = reward_fn_for(config), config.tool_use.max_turns
+    eval_g = eval_gconfig(config.evaluator, config.gconfig)
+    stats_logger = StatsLogger.from_config(config, rank)
+    asynchronous = config.rollout.max_head_offpolicyness > 0
+
+    with (
+        RewardPool(max_workers=2) as reward_pool,
+        RemoteSGLangEngine(config.rollout) as rollout,
+        PPOActor(config.actor, config.total_train_steps) as actor,
+    ):
+        workflow = ToolUseWorkflow(reward_fn, config.gconfig, tokenizer, tools, turns, reward_pool)
+        with_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, tools, turns, reward_pool)
+        without_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, [DisabledTool(t) for t in tools], turns, reward_pool)
+        before = accuracy(rollout, with_tool, held_out)
+        weights_for = init_weight_update(
+            actor, rollout, config.weight_update, config.run_dir, rank, keep_versions=config.weight_keep_versions
+        )
+        prompts, tracker, timer = iter(loader), StatsTracker(), StepTimer()
+        for step in range(config.total_train_steps):
+            with timer("step"):
+                with timer("rollout"):
+                    if asynchronous:
+                        batch = rollout.prepare_batch(loader, workflow)
+                    else:
+                        batch = rollout.rollout_batch(next(prompts, None) or next(prompts := iter(loader)), workflow)
+                with timer("train"):
+                    actor.compute_advantages(batch)
+                    train_stats = actor.ppo_update(batch)
+                with timer("weight_sync"):
+                    sync_weights(actor, rollout, weights_for(step + 1), rank, barrier)
+            tracker.masked_mean("tool_calls", batch["num_tool_calls"].float())
+            stats_logger.commit(step, {**batch_stats(tracker, batch), **train_stats[-1], **timer.pop(), "version": step + 1})
+        after_with, after_without = accuracy(rollout, with_tool, held_out), accuracy(rollout, without_tool, held_out)
+    plot = stats_logger.close(plot=config.stats_logger.plot)
+    if rank == 0:
+        if plot:
+            print(f"plots: {plot}", flush=True)
+        print(f"accuracy_before={before:.4f} accuracy_with_tool={after_with:.4f} accuracy_without_tool={after_without:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

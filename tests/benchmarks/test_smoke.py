@@ -1,0 +1,70 @@
+"""Every script in benchmarks/ runs end to end in its `--smoke` mode and ends with its figure.
+
+A benchmark nobody runs rots silently (train_packing.py crashed for ten commits). Here each
+script runs as a user would start it, with tiny sizes, and its last line must be
+`<name>=<finite number>` with the name the README documents. No timing is asserted: the
+numbers of a smoke run mean nothing. A new script fails here until it gets an entry in
+FIGURES (and a smoke mode).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+BENCHMARKS = REPO / "benchmarks"
+HELPERS = {"harness.py", "grpo_step.py"}  # imported by the scripts, not run
+# script -> the name of its last line (benchmarks/README.md); advantages.py ends with its
+# GPU figure when CUDA is visible (the Triton side runs only there)
+FIGURES = {
+    "advantages.py": "triton_vs_floor" if _cuda_visible() else "reference_vs_loop",
+    "async_speedup.py": "async2_vs_best_sync",
+    "lora_memory.py": "lora_memory_ratio",
+    "rollout_overhead.py": "overhead_pct",
+    "server_throughput.py": "speedup_vs_batched_generate",
+    "train_packing.py": "packed_speedup",
+    "vs_trl.py": "arealite_vs_trl_equal_cores",
+}
+TAKES_MODEL_PATH = {"async_speedup.py", "rollout_overhead.py", "server_throughput.py", "train_packing.py", "vs_trl.py"}
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in HELPERS)
+
+
+def test_every_script_has_a_documented_figure() -> None:
+    missing = [s for s in SCRIPTS if s not in FIGURES]
+    assert not missing, f"benchmarks {missing} have no entry in FIGURES: add their last line's name (and a --smoke mode)"
+    readme = (BENCHMARKS / "README.md").read_text()
+    undocumented = [name for name in FIGURES.values() if name not in readme]
+    assert not undocumented, f"figures {undocumented} are not in benchmarks/README.md"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_smoke_run_prints_its_figure(script: str, tiny_model_dir: str) -> None:
+    if script == "vs_trl.py":
+        pytest.importorskip("trl", reason="vs_trl.py needs TRL, the benchmark extra: pip install -e .[bench]")
+    cmd = [sys.executable, str(BENCHMARKS / script), "--smoke"]
+    if script in TAKES_MODEL_PATH:
+        cmd += ["--model-path", tiny_model_dir]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout.strip()
+    assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{out[-2000:]}\n{proc.stderr[-3000:]}"
+    last = out.splitlines()[-1] if out else ""
+    match = re.fullmatch(r"(\w+)=(\S+)", last)
+    assert match, f"{script}'s last line is {last!r}, not <name>=<number>"
+    assert match.group(1) == FIGURES[script], f"{script} ends with {match.group(1)!r}, expected {FIGURES[script]!r}"
+    assert math.isfinite(float(match.group(2))), f"{script}'s figure is not a finite number: {last!r}"

@@ -1,0 +1,33 @@
+"""examples/tools_grpo.py through the local launcher for 2 steps: it runs, logs its steps and
+prints the three accuracies. (The learning figures come from the full config; see the README.)"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from arealite.config import GRPOConfig, load_config
+
+pytestmark = pytest.mark.timeout(300)
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(REPO_ROOT, "configs", "tiny_cpu_tools.yaml")
+
+
+def test_tools_example_runs_two_steps(tmp_path, tool_model_dir):
+    overrides = [
+        f"fileroot={tmp_path}", f"actor.path={tool_model_dir}", "launcher.setup_commands=[]", "total_train_steps=2",
+        "train_dataset.num_samples=64", "train_dataset.batch_size=2", "gconfig.group_size=2", "actor.group_size=2",
+        "evaluator.num_samples=4", "stats_logger.plot=false",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)
+    cmd = [sys.executable, "-m", "arealite.launcher.local", "examples/tools_grpo.py", "--config", CONFIG, *overrides]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280, cwd=REPO_ROOT)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    line = re.search(r"accuracy_before=([\d.]+) accuracy_with_tool=([\d.]+) accuracy_without_tool=([\d.]+)", proc.stdout)
+    assert line and all(0.0 <= float(x) <= 1.0 for x in line.groups()), proc.stdout[-2000:]
+    run_dir = load_config(["--config", CONFIG, *overrides], GRPOConfig).run_dir
+    rows = [json.loads(x) for x in open(os.path.join(run_dir, "stats.jsonl"))]
+    assert [r["step"] for r in rows] == [0, 1] and all("tool_calls" in r and r["version"] == r["step"] + 1 for r in rows)

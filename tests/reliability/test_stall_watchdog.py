@@ -1,0 +1,115 @@
+"""The no-progress watchdog: a rollout that cannot move logs a diagnostic after
+rollout.stall_timeout and raises it after twice that, naming the cause — paused servers,
+a staleness capacity of 0, or a workflow stuck in its own code."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from arealite.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.rollout import RemoteSGLangEngine, RolloutStalledError
+from arealite.rollout.batch import trajectory_from_tokens
+from arealite.types import ModelRequest
+
+pytestmark = pytest.mark.timeout(120)
+STALL_S = 1.0
+
+
+class GenerateOnce:
+    """One greedy sample of the record's prompt."""
+
+    async def arun_episode(self, engine, data):
+        gconfig = GenerationHyperparameters(max_new_tokens=3, temperature=0.0)
+        resp = await engine.agenerate(ModelRequest(input_ids=[5, 6, 7], gconfig=gconfig))
+        return trajectory_from_tokens([resp.input_tokens], [resp.output_tokens], [resp.output_logprobs], [resp.output_versions])
+
+
+class Stuck:
+    """A workflow that waits for something that never happens."""
+
+    async def arun_episode(self, engine, data):
+        await asyncio.Event().wait()
+
+
+class Loader:
+    """A dataloader of `records`, `batch_size` at a time, forever."""
+
+    def __init__(self, records: list[dict], batch_size: int) -> None:
+        self.records, self.batch_size = records, batch_size
+
+    def __iter__(self):
+        for i in range(0, len(self.records), self.batch_size):
+            yield self.records[i : i + self.batch_size]
+
+
+@pytest.fixture
+def engine(builtin_server):
+    config = InferenceEngineConfig(setup_timeout=30, request_timeout=60, stall_timeout=STALL_S, health_check_timeout=2.0)
+    engine = RemoteSGLangEngine(config, [builtin_server.address])
+    engine.initialize()
+    yield engine
+    engine.destroy()
+
+
+def _raises_after_warning(caplog, call) -> RolloutStalledError:
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="arealite.rollout.watchdog"), pytest.raises(RolloutStalledError) as info:
+        call()
+    elapsed = time.monotonic() - start
+    assert elapsed >= 2 * STALL_S, f"raised after {elapsed:.2f}s, before twice the stall timeout"
+    warnings = [r.getMessage() for r in caplog.records if r.name == "arealite.rollout.watchdog"]
+    assert len(warnings) == 1 and "no progress" in warnings[0], warnings  # logged once, one period before
+    print(info.value)
+    return info.value
+
+
+def test_all_servers_paused(engine, builtin_server, caplog):
+    assert builtin_server.post("/pause_generation", {"mode": "in_place"})[0] == 200
+    try:
+        error = _raises_after_warning(caplog, lambda: engine.rollout_batch([{"id": "p0"}, {"id": "p1"}], GenerateOnce()))
+    finally:
+        assert builtin_server.post("/continue_generation", {})[0] == 200
+    text = str(error)
+    assert f"server {builtin_server.address}: in rotation" in text and "paused=True" in text, text
+    assert "num_waiting=" in text and "2 running" in text and "rollout.stall_timeout=1.0s" in text, text
+    assert "oldest running episode: data id='p" in text and "of GenerateOnce" in text, text
+    # the watchdog cancelled the stalled call's episodes: the next batch runs normally
+    assert engine.rollout_batch([{"id": "again"}], GenerateOnce())["input_ids"].shape[0] == 1
+
+
+def test_staleness_capacity_zero(engine, caplog):
+    """The trainer forgot set_version after its weight sync: with max_head_offpolicyness=0 no
+    episode may start after the first batch."""
+    loader = Loader([{"id": f"r{i}"} for i in range(8)], batch_size=2)
+    first = engine.prepare_batch(loader, GenerateOnce())
+    assert first["input_ids"].shape[0] == 2
+    error = _raises_after_warning(caplog, lambda: engine.prepare_batch(loader, GenerateOnce()))
+    text = str(error)
+    assert "staleness capacity: 0 = min(" in text and "max_head_offpolicyness 0" in text, text
+    assert "calls set_version" in text and "0 running" in text, text
+
+
+def test_stuck_workflow(engine, caplog):
+    error = _raises_after_warning(caplog, lambda: engine.rollout_batch([{"id": "stuck-one"}], Stuck()))
+    assert "oldest running episode: data id='stuck-one' of Stuck, running for" in str(error), str(error)
+    assert not engine.executor._tasks, "the stalled episode was not cancelled"
+
+
+def test_progress_resets_the_clock(engine, caplog):
+    """A rollout slower than stall_timeout overall, but moving, is never a stall."""
+
+    class Slow:
+        async def arun_episode(self, engine, data):
+            for _ in range(4):  # 4 x 0.6 s > 2 x stall_timeout, each step a /generate call
+                await asyncio.sleep(0.6)
+                resp = await engine.agenerate(ModelRequest(input_ids=[5, 6], gconfig=GenerationHyperparameters(max_new_tokens=1)))
+            return {"input_ids": torch.tensor([resp.output_tokens])}
+
+    with caplog.at_level("WARNING", logger="arealite.rollout.watchdog"):
+        batch = engine.rollout_batch([{"id": "slow"}], Slow())
+    assert batch["input_ids"].shape == (1, 1)
+    assert not [r for r in caplog.records if r.name == "arealite.rollout.watchdog"]
