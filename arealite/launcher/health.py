@@ -1,7 +1,7 @@
 """Server health probes over HTTP (stdlib only, so launchers stay light).
 
 `GET /health` is the readiness probe: SGLang answers 200 only after its warmup generate
-(SGLANG_PROTOCOL.md §4, §5). A server without `/health` (404) is probed on `/v1/models`.
+(docs/protocol.md §4, §5). A server without `/health` (404) is probed on `/v1/models`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """PPOActor: the policy under training — recomputed logprobs, advantages, and the PPO update.
 
-Typical step (DESIGN §1), every call collective over trainer ranks:
+Typical step (docs/architecture.md §1), every call collective over trainer ranks:
 
     actor.compute_advantages(batch)          # writes batch["advantages"] (and "returns")
     stats = actor.ppo_update(batch)          # one dict per optimizer step (ppo_n_minibatches)
@@ -121,7 +121,6 @@ class PPOActor(FSDPEngine):
         return [{**stats, **advantage_stats} for stats in out]
 
 
-FSDPPPOActor = PPOActor  # the name used in DESIGN.md's loop
 
 
 def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple[torch.Tensor, dict]:

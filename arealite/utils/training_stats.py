@@ -1,4 +1,4 @@
-"""Statistics of a trajectory batch (DESIGN §5) over all trainer ranks, for the stats row."""
+"""Statistics of a trajectory batch (docs/architecture.md §5) over all trainer ranks, for the stats row."""
 
 from __future__ import annotations
 

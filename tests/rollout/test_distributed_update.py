@@ -73,7 +73,7 @@ def test_distributed_update_changes_weights_and_versions(two_servers, tiny_model
         assert restored.output_versions == [8] * restored.output_len
 
         # pause_mode=in_place (read per call): a long request stays on its server over the
-        # broadcast and finishes with the perturbed weights; no flush is asked for (§3.9)
+        # broadcast and finishes with the perturbed weights; no flush is asked for (docs/protocol.md §3.9)
         engine.config.pause_mode = "in_place"
         long = ModelRequest(input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=160, temperature=0.0))
         running = engine.loop.submit(engine.agenerate(long))
