@@ -44,11 +44,11 @@ def _two_rank_worker(rank: int, port: int, out: dict) -> None:
 
 @pytest.mark.timeout(120)
 def test_two_ranks_reduce_to_the_global_mean_not_the_mean_of_means():
-    from arealite.server.process import free_port
+    from arealite.utils.net import free_ports
 
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_two_rank_worker, args=(free_port(), out), nprocs=2, join=True)
+        mp.spawn(_two_rank_worker, args=(free_ports(1)[0], out), nprocs=2, join=True)
         results = dict(out)
     for rank in (0, 1):
         assert results[rank]["r"] == pytest.approx(16.0 / 4)  # mean of means would be 3.25
