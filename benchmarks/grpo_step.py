@@ -88,7 +88,7 @@ def setup(s: dict) -> dict:
 
         from arealite.config import GenerationHyperparameters
         from arealite.data.arithmetic import arithmetic_reward_fn
-        from arealite.distributed import init_distributed
+        from arealite.world import init_distributed
         from arealite.reward.pool import RewardPool
         from arealite.workflow import RLVRWorkflow
 
@@ -121,7 +121,7 @@ def run(state: dict, req: dict) -> dict:
     from arealite.config import InferenceEngineConfig, MicroBatchSpec, OptimizerConfig, PPOActorConfig
     from arealite.data.arithmetic import make_arithmetic_dataset
     from arealite.data.loader import create_dataloader
-    from arealite.distributed import barrier, rank
+    from arealite.world import barrier, rank
     from arealite.rollout import RemoteSGLangEngine
     from arealite.train import PPOActor
     from arealite.types import WeightUpdateMeta

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 from arealite.config import GRPOConfig, load_config, save_config
 from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
-from arealite.distributed import barrier, init_distributed
+from arealite.world import barrier, init_distributed
 from arealite.eval import Evaluator
 from arealite.eval.task import held_out_records, reward_fn_for
 from arealite.reward.pool import RewardPool

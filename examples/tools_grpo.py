@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 from arealite.config import ConfigError, GRPOConfig, load_config, save_config
 from arealite.data.loader import create_dataloader, load_records
-from arealite.distributed import all_reduce, barrier, init_distributed
+from arealite.world import all_reduce, barrier, init_distributed
 from arealite.eval.evaluator import eval_gconfig
 from arealite.eval.task import held_out_records, reward_fn_for
 from arealite.reward.pool import RewardPool

@@ -24,8 +24,8 @@ from functools import partial
 
 import torch
 
-from arealite.algo import advantages as A
-from arealite.algo import losses as L
+from arealite.algo.advantages import backend as advantages_backend
+from arealite.algo.losses import AGGREGATIONS, KL_ESTIMATORS, LOG_RATIOS, entropy_from_logits, kl_loss, ppo_actor_loss
 from arealite.config import PPOActorConfig
 from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
 from arealite.train.advantage_estimation import estimate_advantages
@@ -80,7 +80,7 @@ class PPOActor(FSDPEngine):
         batch.update(result)
         self._advantage_stats = {
             "time/advantages": time.perf_counter() - started,
-            "advantages/backend_triton": float(A.backend(self.device) == "triton"),
+            "advantages/backend_triton": float(advantages_backend(self.device) == "triton"),
         }
         return batch
 
@@ -110,7 +110,7 @@ class PPOActor(FSDPEngine):
             raise ValueError(
                 f"this rank holds {len(lens)} sequences, fewer than actor.ppo_n_minibatches={cfg.ppo_n_minibatches}"
             )
-        agg = L.AGGREGATIONS[cfg.loss_agg_mode]
+        agg = AGGREGATIONS[cfg.loss_agg_mode]
         loss_fn = partial(actor_loss, config=cfg)
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
         out = [
@@ -136,18 +136,18 @@ def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple
     logp = packed_token_logprobs(logits, mb["input_ids"], cu, config.temperature)
     prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()
-    agg = L.AGGREGATIONS[config.loss_agg_mode].reduce
-    loss, stats = L.ppo_actor_loss(
+    agg = AGGREGATIONS[config.loss_agg_mode].reduce
+    loss, stats = ppo_actor_loss(
         logp, prox, mb["advantages"].to(dev).float(), mask, cu,
         eps_clip=config.eps_clip, eps_clip_higher=config.eps_clip_higher, c_clip=config.c_clip,
         behav_logp=behav if config.use_decoupled_loss else None,
         behav_imp_weight_cap=config.behav_imp_weight_cap,
-        aggregate=agg, log_ratio=L.LOG_RATIOS[config.importance_sampling_level],
+        aggregate=agg, log_ratio=LOG_RATIOS[config.importance_sampling_level],
     )  # fmt: skip
     if config.kl_ctl > 0 and not config.kl_in_reward:
         if "ref_logp" not in mb:
             raise KeyError("actor.kl_ctl > 0 needs batch['ref_logp']: set it to ref.compute_logp(batch)")
-        kl, kl_stats = L.kl_loss(logp, mb["ref_logp"].to(dev).float(), mask, cu, L.KL_ESTIMATORS[config.kl_estimator], agg)
+        kl, kl_stats = kl_loss(logp, mb["ref_logp"].to(dev).float(), mask, cu, KL_ESTIMATORS[config.kl_estimator], agg)
         loss = loss + config.kl_ctl * kl
         stats.update(kl_stats)
     entropy = _token_entropy(logits, cu, config.temperature, grad=config.entropy_coef > 0)
@@ -166,10 +166,10 @@ def _token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: 
     more than one [chunk, V] fp32 softmax at a time.
     """
     if grad and torch.is_grad_enabled():
-        ent = L.entropy_from_logits(logits.float() / temperature)
+        ent = entropy_from_logits(logits.float() / temperature)
     else:
         with torch.no_grad():
-            ent = torch.cat([L.entropy_from_logits(c.float() / temperature) for c in logits.detach().split(1024)])
+            ent = torch.cat([entropy_from_logits(c.float() / temperature) for c in logits.detach().split(1024)])
     ent = torch.cat([ent.new_zeros(1), ent[:-1]])
     return ent.index_fill(0, cu_seqlens[:-1].long(), 0.0)
 

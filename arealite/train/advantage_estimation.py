@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from arealite.algo import advantages as A
+from arealite.algo.advantages import broadcast_to_tokens, gae_packed, group_normalize, masked_whiten
 from arealite.algo.losses import KL_ESTIMATORS
 from arealite.config import PPOActorConfig
 from arealite.data.packing import Batch, pack, unpack
@@ -67,16 +67,16 @@ def estimate_advantages(batch: Batch, config: PPOActorConfig) -> dict[str, torch
                 f"batch of {score.shape[0]} sequences is not a whole number of groups of actor.group_size={G}; "
                 "keep every group's samples together on one rank"
             )
-        score = A.group_normalize(score, G, mode=GROUP_MODES[config.adv_norm], eps=config.adv_eps)
+        score = group_normalize(score, G, mode=GROUP_MODES[config.adv_norm], eps=config.adv_eps)
     token_level = "values" in batch or (config.kl_ctl > 0 and config.kl_in_reward)
     if token_level:
         out.update(_token_level(batch, score, config))
         adv = out["advantages"]
     else:
-        adv = A.broadcast_to_tokens(score, loss_mask)
+        adv = broadcast_to_tokens(score, loss_mask)
     mask = loss_mask.bool()
     if config.adv_norm in WHITENED:
-        adv = A.masked_whiten(adv, mask, config.adv_eps)
+        adv = masked_whiten(adv, mask, config.adv_eps)
     out["advantages"] = torch.where(mask, adv, torch.zeros_like(adv)).float()
     return out
 
@@ -96,7 +96,7 @@ def _token_level(batch: Batch, score: torch.Tensor, config: PPOActorConfig) -> d
         kl = KL_ESTIMATORS[config.kl_estimator](logp, packed["ref_logp"].float())
         rewards -= config.kl_ctl * kl * mask
     values = packed["values"].float() if "values" in packed else torch.zeros_like(rewards)
-    adv, ret = A.gae_packed(rewards, values, mask, cu, config.gamma, config.lam)
+    adv, ret = gae_packed(rewards, values, mask, cu, config.gamma, config.lam)
     T = batch["loss_mask"].shape[1]
     return {"advantages": unpack(adv, cu, T), "returns": unpack(ret, cu, T)}
 

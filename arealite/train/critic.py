@@ -16,7 +16,7 @@ from functools import partial
 
 import torch
 
-from arealite.algo import losses as L
+from arealite.algo.losses import AGGREGATIONS, clipped_value_loss
 from arealite.config import PPOCriticConfig
 from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
 from arealite.train.data_parallel import balance_across_ranks
@@ -70,7 +70,7 @@ class PPOCritic(FSDPEngine):
                 f"this rank holds {len(lens)} sequences, fewer than critic.ppo_n_minibatches="
                 f"{self.config.ppo_n_minibatches}"
             )
-        agg = L.AGGREGATIONS[self.config.loss_agg_mode]
+        agg = AGGREGATIONS[self.config.loss_agg_mode]
         loss_fn = partial(value_loss, config=self.config)
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
         return [
@@ -84,8 +84,8 @@ def value_loss(scores: torch.Tensor, mb: Batch, config: PPOCriticConfig) -> tupl
     dev = scores.device
     cu = mb["cu_seqlens"].to(dev)
     values = packed_token_values(scores, cu)
-    loss, stats = L.clipped_value_loss(
+    loss, stats = clipped_value_loss(
         values, mb["values"].to(dev).float(), mb["returns"].to(dev).float(), mb["loss_mask"].to(dev).bool(), cu,
-        config.value_eps_clip, L.AGGREGATIONS[config.loss_agg_mode].reduce,
+        config.value_eps_clip, AGGREGATIONS[config.loss_agg_mode].reduce,
     )  # fmt: skip
     return loss, stats

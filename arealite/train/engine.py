@@ -25,13 +25,20 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.config import TrainEngineConfig
 from arealite.data.packing import Batch, pack, select, seqlens_of, split_by_token_budget, unpack
 from arealite.train import varlen_attention
-from arealite.train import weights as W
 from arealite.train.lr_schedule import build_scheduler
 from arealite.train.stats import StatsAccumulator
+from arealite.train.weights import (
+    WeightSpec,
+    broadcast_buckets,
+    iter_full_weights,
+    load_full_weights,
+    save_hf,
+    weight_buckets,
+)
 from arealite.types import WeightUpdateMeta
 from arealite.utils.hf_weights import read_hf_weights
 
@@ -76,8 +83,8 @@ _group = {"engines": 0, "started_by_engine": False}
 
 
 def _join_process_group() -> None:
-    if not dist_utils.is_initialized():
-        dist_utils.init_distributed()
+    if not world.is_initialized():
+        world.init_distributed()
         _group["started_by_engine"] = True
     _group["engines"] += 1
 
@@ -86,7 +93,7 @@ def _leave_process_group() -> None:
     _group["engines"] -= 1
     if _group["engines"] == 0 and _group["started_by_engine"]:
         _group["started_by_engine"] = False
-        dist_utils.destroy_distributed()
+        world.destroy_distributed()
 
 
 class FSDPEngine:
@@ -123,7 +130,7 @@ class FSDPEngine:
         _join_process_group()
         self._in_process_group = True
         config = self.config
-        self.device = dist_utils.device()
+        self.device = world.device()
         self.compute_dtype = self._compute_dtype(config.dtype)
         model = self._build_model(config.path, _attn_implementation(self.device, self.compute_dtype))
         self.hf_config = model.config
@@ -195,7 +202,7 @@ class FSDPEngine:
         return getattr(torch, dtype)
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        mesh = init_device_mesh(self.device.type, (dist_utils.world_size(),))
+        mesh = init_device_mesh(self.device.type, (world.world_size(),))
         kwargs: dict[str, Any] = {"mesh": mesh}
         if self.compute_dtype != torch.float32:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
@@ -222,7 +229,7 @@ class FSDPEngine:
         lens = seqlens_of(batch["attention_mask"]).tolist()
         spec = self.config.mb_spec
         groups = split_by_token_budget(lens, spec.max_tokens_per_mb, spec.n_mbs)
-        n = int(dist_utils.all_reduce(torch.tensor(len(groups)), "max"))
+        n = int(world.all_reduce(torch.tensor(len(groups)), "max"))
         if n > len(groups):
             groups = split_by_token_budget(lens, spec.max_tokens_per_mb, n)
         out: list[tuple[Batch, list[int] | None]] = [(pack(select(batch, g)), g) for g in groups]
@@ -275,13 +282,13 @@ class FSDPEngine:
         self.model.train()
         mbs = self._micro_batches(batch)
         weights = [0.0 if rows is None else float(loss_weight_fn(mb)) for mb, rows in mbs]
-        total = float(dist_utils.all_reduce(torch.tensor(sum(weights), dtype=torch.float64), "sum"))
+        total = float(world.all_reduce(torch.tensor(sum(weights), dtype=torch.float64), "sum"))
         acc = StatsAccumulator()
         for i, (mb, rows) in enumerate(mbs):
             self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # reduce-scatter once, at the end
             mb = self._to_device(mb)
             loss, stats = loss_fn(self._forward_packed(mb), mb)
-            scale = weights[i] / total * dist_utils.world_size() if total > 0 else 0.0
+            scale = weights[i] / total * world.world_size() if total > 0 else 0.0
             (loss * scale).backward()
             if rows is not None:
                 acc.add({"loss": loss.detach(), **stats}, weights[i])
@@ -322,7 +329,7 @@ class FSDPEngine:
             from arealite.train.lora import save_adapter
 
             return save_adapter(self.model, self.config.lora, path, base_model_path=self.config.path)
-        W.save_hf(self.model, self.hf_config, path, source_path=self.config.path)
+        save_hf(self.model, self.hf_config, path, source_path=self.config.path)
 
     def load(self, path: str) -> None:
         """Load weights from an HF folder into the sharded model (every rank reads the files);
@@ -331,7 +338,7 @@ class FSDPEngine:
             from arealite.train.lora import load_adapter
 
             return load_adapter(self.model, path)
-        W.load_full_weights(self.model, read_hf_weights(path))
+        load_full_weights(self.model, read_hf_weights(path))
 
     def save_checkpoint(self, path: str) -> None:
         """Write resumable state (sharded weights, optimizer, lr schedule) to `path`; collective."""
@@ -347,17 +354,17 @@ class FSDPEngine:
 
     def export_weights(self, dtype: torch.dtype | None = None):
         """Iterator of (name, full tensor); collective — every rank must exhaust it."""
-        return W.iter_full_weights(self.model, dtype)
+        return iter_full_weights(self.model, dtype)
 
     # ---- weight upload to inference servers (the tensor side; HTTP is the rollout client's) ----
 
-    def weight_buckets(self, meta: WeightUpdateMeta) -> list[list[W.WeightSpec]]:
+    def weight_buckets(self, meta: WeightUpdateMeta) -> list[list[WeightSpec]]:
         """The buckets `upload_weights` broadcasts, in order: lists of (name, dtype, shape).
 
         Each bucket is one `/update_weights_from_distributed` body (names, dtypes, shapes).
         Tensors travel in the compute dtype (bf16 on CUDA, fp32 on CPU).
         """
-        return W.weight_buckets(self.model, self.compute_dtype, meta.weight_chunk_mb)
+        return weight_buckets(self.model, self.compute_dtype, meta.weight_chunk_mb)
 
     def init_weight_update_group(self, meta: WeightUpdateMeta, world_size: int, backend: str | None = None) -> None:
         """Rank 0 joins the weight-update group as its rank 0 (it hosts the store); others return.
@@ -365,7 +372,7 @@ class FSDPEngine:
         `world_size` = 1 + the number of server ranks. Blocks until every server has joined,
         so the `/init_weights_update_group` requests must be in flight concurrently.
         """
-        if not dist_utils.is_main():
+        if not world.is_main():
             return
         from arealite.utils.process_group import init_custom_process_group
 
@@ -408,11 +415,11 @@ class FSDPEngine:
             buckets = getattr(meta, "buckets", None) or self.weight_buckets(meta)
             # The group is passed without keeping a reference here, so that on a failure
             # dropping it really closes it (see broadcast_buckets).
-            failure = W.broadcast_buckets(
+            failure = broadcast_buckets(
                 self.model, buckets, self.weight_update_groups.get(meta.group_name), on_bucket,
                 on_failure=lambda: self.destroy_weight_update_group(meta.group_name),
             )  # fmt: skip
-            dist_utils.barrier()
+            world.barrier()
             if failure is not None:  # rank 0 only, after every rank finished its gathers
                 raise WeightBroadcastError(failure)
         else:

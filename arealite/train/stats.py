@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from arealite import distributed as dist_utils
+from arealite import world
 
 
 class StatsAccumulator:
@@ -38,13 +38,13 @@ class StatsAccumulator:
         keys = sorted(self._sums)
         if keys:
             t = torch.tensor([[self._sums[k], self._weights[k]] for k in keys], dtype=torch.float64)
-            dist_utils.all_reduce(t, "sum")
+            world.all_reduce(t, "sum")
             for k, (s, w) in zip(keys, t.tolist()):
                 out[k] = s / w if w > 0 else 0.0
         for table, op in ((self._max, "max"), (self._min, "min")):
             names = sorted(table)
             if names:
                 t = torch.tensor([table[k] for k in names], dtype=torch.float64)
-                dist_utils.all_reduce(t, op)
+                world.all_reduce(t, op)
                 out.update(zip(names, t.tolist()))
         return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from arealite import distributed as dist_utils
+from arealite import world
 
 
 class StatsTracker:
@@ -45,13 +45,13 @@ class StatsTracker:
         names = sorted(self._sum)
         if names:
             t = torch.tensor([[self._sum[n], self._count[n]] for n in names], dtype=torch.float64)
-            dist_utils.all_reduce(t, "sum")
+            world.all_reduce(t, "sum")
             out.update({n: (s / c if c > 0 else float("nan")) for n, (s, c) in zip(names, t.tolist())})
         for table, op, empty in ((self._max, "max", -float("inf")), (self._min, "min", float("inf"))):
             keys = sorted({n + ("_max" if op == "max" else "_min") for n in names})
             if keys:
                 t = torch.tensor([table.get(k, empty) for k in keys], dtype=torch.float64)
-                dist_utils.all_reduce(t, op)
+                world.all_reduce(t, op)
                 out.update({k: v for k, v in zip(keys, t.tolist()) if abs(v) != float("inf")})
         for table in (self._sum, self._count, self._max, self._min):
             table.clear()

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.utils.stats_tracker import StatsTracker
 
 
@@ -42,8 +42,8 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
 def gather_prompt_ids(records: list[dict[str, Any]]) -> list[str]:
     """The `id`s of every rank's prompts of this step, in rank order; collective."""
     ids = [str(r.get("id", "")) for r in records]
-    if not (dist_utils.is_initialized() and dist_utils.world_size() > 1):
+    if not (world.is_initialized() and world.world_size() > 1):
         return ids
-    gathered: list[list[str] | None] = [None] * dist_utils.world_size()
+    gathered: list[list[str] | None] = [None] * world.world_size()
     dist.all_gather_object(gathered, ids)
     return [i for part in gathered for i in (part or [])]

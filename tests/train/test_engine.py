@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from arealite.algo import losses as L
+from arealite.algo.losses import token_mean
 from arealite.config import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
 from arealite.train.engine import FSDPEngine
 from arealite.train.logprobs import packed_token_logprobs
@@ -28,7 +28,7 @@ def _engine(path: str, **mb) -> FSDPEngine:
 
 def _logp_loss(logits, mb):
     lp = packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"])
-    return L.token_mean(-lp, mb["loss_mask"].bool(), mb["cu_seqlens"]), {}
+    return token_mean(-lp, mb["loss_mask"].bool(), mb["cu_seqlens"]), {}
 
 
 def _weight(mb):
