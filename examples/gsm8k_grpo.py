@@ -33,11 +33,11 @@ from arealite.rollout import RemoteSGLangEngine
 from arealite.rollout.dynamic_sampling import DynamicSampler
 from arealite.train import PPOActor, PPOCritic, ReferenceModel
 from arealite.utils.recover import EngineGroup, Recover
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.stats_tracker import StatsTracker
-from arealite.utils.timing import StepTimer
+from arealite.stats.logger import StatsLogger
+from arealite.stats.tracker import StatsTracker
+from arealite.stats.timer import StepTimer
 from arealite.utils.data_feed import DataFeed
-from arealite.utils.training_stats import batch_stats
+from arealite.stats.batch import batch_stats
 from arealite.utils.weight_sync import init_weight_update, sync_weights
 from arealite.workflow import RLVRWorkflow
 

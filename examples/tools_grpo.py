@@ -32,10 +32,10 @@ from arealite.reward.pool import RewardPool
 from arealite.rollout import RemoteSGLangEngine
 from arealite.train import PPOActor
 from arealite.utils.imports import import_object
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.stats_tracker import StatsTracker
-from arealite.utils.timing import StepTimer
-from arealite.utils.training_stats import batch_stats
+from arealite.stats.logger import StatsLogger
+from arealite.stats.tracker import StatsTracker
+from arealite.stats.timer import StepTimer
+from arealite.stats.batch import batch_stats
 from arealite.utils.weight_sync import init_weight_update, sync_weights
 from arealite.workflow import ToolUseWorkflow
 from arealite.workflow.tools import DisabledTool

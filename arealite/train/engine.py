@@ -28,9 +28,9 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from arealite import world
 from arealite.config import TrainEngineConfig
 from arealite.data.packing import Batch, pack, select, seqlens_of, split_by_token_budget, unpack
+from arealite.stats.tracker import StatsTracker
 from arealite.train import varlen_attention
 from arealite.train.lr_schedule import build_scheduler
-from arealite.train.stats import StatsAccumulator
 from arealite.train.weights import (
     WeightSpec,
     broadcast_buckets,
@@ -271,19 +271,19 @@ class FSDPEngine:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        out = acc.reduce()
+        out = acc.export()
         out.update(grad_norm=grad_norm, lr=lr, loss_weight=total, update_skipped=float(not stepped))
         return out
 
     def _accumulate_gradients(
         self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn
-    ) -> tuple[StatsAccumulator, float]:
+    ) -> tuple[StatsTracker, float]:
         """Forward/backward over all micro-batches; grads hold d(global weighted loss)/dθ."""
         self.model.train()
         mbs = self._micro_batches(batch)
         weights = [0.0 if rows is None else float(loss_weight_fn(mb)) for mb, rows in mbs]
         total = float(world.all_reduce(torch.tensor(sum(weights), dtype=torch.float64), "sum"))
-        acc = StatsAccumulator()
+        acc = StatsTracker()
         for i, (mb, rows) in enumerate(mbs):
             self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # reduce-scatter once, at the end
             mb = self._to_device(mb)

@@ -48,7 +48,7 @@ def test_fsdp2_mixed_precision_keeps_fp32_masters_and_matches_fp32_within_bf16(t
     acc, total = bf16._accumulate_gradients(batch, _logp_loss, _weight)
     acc32, _ = fp32._accumulate_gradients(batch, _logp_loss, _weight)
     assert all(_local(p.grad).dtype == torch.float32 for p in bf16.model.parameters())  # fp32 reduce
-    loss, loss32 = acc.reduce()["loss"], acc32.reduce()["loss"]
+    loss, loss32 = acc.export()["loss"], acc32.export()["loss"]
     print(f"mixed precision: loss bf16={loss:.6f} fp32={loss32:.6f}")
     assert close(loss, loss32, torch.bfloat16, k=1)  # a mean over tokens: well inside one bf16 ulp
 

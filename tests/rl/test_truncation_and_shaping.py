@@ -8,8 +8,8 @@ import torch
 
 from arealite.config import ConfigError, GRPOConfig, GenerationHyperparameters, PPOActorConfig
 from arealite.train.advantage_estimation import estimate_advantages
-from arealite.utils.stats_tracker import StatsTracker
-from arealite.utils.training_stats import batch_stats
+from arealite.stats.tracker import StatsTracker
+from arealite.stats.batch import batch_stats
 from arealite.rollout.dynamic_sampling import informative_rows, rewards_differ
 from tests.train.helpers import make_batch
 

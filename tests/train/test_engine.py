@@ -53,7 +53,7 @@ def test_one_vs_four_micro_batches_same_loss_and_grads(tiny_model_dir):
         engine = _engine(tiny_model_dir, n_mbs=n_mbs)
         acc, total = engine._accumulate_gradients(batch, _logp_loss, _weight)
         grads = {n: p.grad.full_tensor().clone() for n, p in engine.model.named_parameters()}
-        results.append((acc.reduce()["loss"], grads, total))
+        results.append((acc.export()["loss"], grads, total))
     (loss1, g1, t1), (loss4, g4, t4) = results
     assert t1 == t4 == float(batch["loss_mask"].sum())
     assert close(loss1, loss4, n=int(t1))
@@ -139,4 +139,4 @@ def test_bf16_mixed_precision_keeps_fp32_masters_and_stays_within_bf16_rounding(
     acc32, _ = fp32._accumulate_gradients(batch, _logp_loss, _weight)
     local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in bf16.model.parameters()]
     assert all(g.dtype == torch.float32 for g in local)  # fp32 master weights and gradient reduction
-    assert close(acc.reduce()["loss"], acc32.reduce()["loss"], torch.bfloat16, k=1)
+    assert close(acc.export()["loss"], acc32.export()["loss"], torch.bfloat16, k=1)

@@ -15,7 +15,8 @@ from arealite.data.arithmetic import make_arithmetic_dataset
 from arealite.data.loader import create_dataloader
 from arealite.train.engine import FSDPEngine
 from arealite.utils.recover import Recover, RecoverError
-from arealite.utils.stats_logger import StatsLogger, read_stats
+from arealite.stats.jsonl import read_stats
+from arealite.stats.logger import StatsLogger
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.distributed as dist
 
-from arealite import world
-from arealite.utils.stats_tracker import StatsTracker
+from arealite.stats.tracker import StatsTracker
 
 
 def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: int | None = None) -> dict[str, float]:
@@ -38,12 +34,3 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
         tracker.masked_mean("kl_ref", batch["logprobs"].float() - batch["ref_logp"].float(), loss_mask)
     return tracker.export()
 
-
-def gather_prompt_ids(records: list[dict[str, Any]]) -> list[str]:
-    """The `id`s of every rank's prompts of this step, in rank order; collective."""
-    ids = [str(r.get("id", "")) for r in records]
-    if not (world.is_initialized() and world.world_size() > 1):
-        return ids
-    gathered: list[list[str] | None] = [None] * world.world_size()
-    dist.all_gather_object(gathered, ids)
-    return [i for part in gathered for i in (part or [])]
