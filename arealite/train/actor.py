@@ -27,9 +27,8 @@ import torch
 from arealite.algo.advantages import backend as advantages_backend
 from arealite.algo.losses import AGGREGATIONS, KL_ESTIMATORS, LOG_RATIOS, entropy_from_logits, kl_loss, ppo_actor_loss
 from arealite.config import PPOActorConfig
-from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
+from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
-from arealite.train.data_parallel import balance_across_ranks
 from arealite.train.engine import FSDPEngine, load_causal_lm
 from arealite.train.logprobs import batch_token_logprobs, packed_token_logprobs
 
@@ -103,24 +102,12 @@ class PPOActor(FSDPEngine):
             elif cfg.ppo_n_minibatches > 1:  # later minibatches see moved weights: fix it now
                 batch = {**batch, "prox_logp": self.compute_logp(batch)}
             # else: no prox_logp key, and actor_loss takes its own forward's log-probs
-        if self.config.mb_spec.balance_across_ranks:
-            batch = balance_across_ranks(batch)
-        lens = seqlens_of(batch["attention_mask"]).tolist()
-        if len(lens) < cfg.ppo_n_minibatches:
-            raise ValueError(
-                f"this rank holds {len(lens)} sequences, fewer than actor.ppo_n_minibatches={cfg.ppo_n_minibatches}"
-            )
         agg = AGGREGATIONS[cfg.loss_agg_mode]
         loss_fn = partial(actor_loss, config=cfg)
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
-        out = [
-            self.train_batch(select(batch, rows), loss_fn, weight_fn)
-            for rows in balanced_partition(lens, cfg.ppo_n_minibatches)
-        ]
+        out = self.train_minibatches(batch, loss_fn, weight_fn, cfg.ppo_n_minibatches, "actor.ppo_n_minibatches")
         advantage_stats, self._advantage_stats = self._advantage_stats, {}
         return [{**stats, **advantage_stats} for stats in out]
-
-
 
 
 def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple[torch.Tensor, dict]:

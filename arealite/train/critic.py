@@ -18,8 +18,7 @@ import torch
 
 from arealite.algo.losses import AGGREGATIONS, clipped_value_loss
 from arealite.config import PPOCriticConfig
-from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
-from arealite.train.data_parallel import balance_across_ranks
+from arealite.data.packing import Batch
 from arealite.train.engine import FSDPEngine
 
 
@@ -62,21 +61,11 @@ class PPOCritic(FSDPEngine):
         for key, hint in (("values", "critic.compute_values(batch)"), ("returns", "actor.compute_advantages(batch)")):
             if key not in batch:
                 raise KeyError(f"critic.ppo_update needs batch[{key!r}]; set it with {hint} first")
-        if self.config.mb_spec.balance_across_ranks:
-            batch = balance_across_ranks(batch)
-        lens = seqlens_of(batch["attention_mask"]).tolist()
-        if len(lens) < self.config.ppo_n_minibatches:
-            raise ValueError(
-                f"this rank holds {len(lens)} sequences, fewer than critic.ppo_n_minibatches="
-                f"{self.config.ppo_n_minibatches}"
-            )
         agg = AGGREGATIONS[self.config.loss_agg_mode]
         loss_fn = partial(value_loss, config=self.config)
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
-        return [
-            self.train_batch(select(batch, rows), loss_fn, weight_fn)
-            for rows in balanced_partition(lens, self.config.ppo_n_minibatches)
-        ]
+        n = self.config.ppo_n_minibatches
+        return self.train_minibatches(batch, loss_fn, weight_fn, n, "critic.ppo_n_minibatches")
 
 
 def value_loss(scores: torch.Tensor, mb: Batch, config: PPOCriticConfig) -> tuple[torch.Tensor, dict]:

@@ -27,9 +27,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from arealite import world
 from arealite.config import TrainEngineConfig
-from arealite.data.packing import Batch, pack, select, seqlens_of, split_by_token_budget, unpack
+from arealite.data.packing import Batch, balanced_partition, pack, select, seqlens_of, split_by_token_budget, unpack
 from arealite.stats.tracker import StatsTracker
 from arealite.train import varlen_attention
+from arealite.train.data_parallel import balance_across_ranks
 from arealite.train.lr_schedule import build_scheduler
 from arealite.train.weights import (
     WeightSpec,
@@ -274,6 +275,26 @@ class FSDPEngine:
         out = acc.export()
         out.update(grad_norm=grad_norm, lr=lr, loss_weight=total, update_skipped=float(not stepped))
         return out
+
+    def train_minibatches(
+        self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, n_minibatches: int, setting: str
+    ) -> list[dict[str, float]]:
+        """`n_minibatches` optimizer steps over this rank's `batch`; collective. Stats per step.
+
+        The PPO update of the actor and of the critic: balance the sequences across ranks (with
+        `mb_spec.balance_across_ranks`), split them into minibatches of about equal token counts,
+        and `train_batch` each. `setting` names the config key of `n_minibatches` for the error
+        raised when this rank holds fewer sequences than minibatches.
+        """
+        if self.config.mb_spec.balance_across_ranks:
+            batch = balance_across_ranks(batch)
+        lens = seqlens_of(batch["attention_mask"]).tolist()
+        if len(lens) < n_minibatches:
+            raise ValueError(f"this rank holds {len(lens)} sequences, fewer than {setting}={n_minibatches}")
+        return [
+            self.train_batch(select(batch, rows), loss_fn, loss_weight_fn)
+            for rows in balanced_partition(lens, n_minibatches)
+        ]
 
     def _accumulate_gradients(
         self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn

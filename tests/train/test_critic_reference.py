@@ -50,6 +50,20 @@ def test_critic_errors_name_the_missing_key(critic):
         critic.ppo_update(make_batch([5, 6]))
 
 
+def test_more_minibatches_than_sequences_is_refused_naming_the_setting(critic):
+    # actor and critic share FSDPEngine.train_minibatches; each names its own config key
+    batch = make_batch([5, 6], seed=16)
+    batch["values"] = batch["returns"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"2 sequences, fewer than critic.ppo_n_minibatches=3"):
+        critic.train_minibatches(batch, None, None, 3, "critic.ppo_n_minibatches")
+    critic.config.ppo_n_minibatches = 3
+    try:
+        with pytest.raises(ValueError, match=r"critic.ppo_n_minibatches=3"):
+            critic.ppo_update(batch)
+    finally:
+        critic.config.ppo_n_minibatches = 1
+
+
 def test_reference_is_frozen_and_feeds_the_kl_loss(tiny_model_dir):
     ref = ReferenceModel(TrainEngineConfig(path=tiny_model_dir, dtype="float32")).initialize()
     assert ref.optimizer is None
