@@ -58,10 +58,10 @@ def main(argv: list[str]) -> None:
 
     rollout = RemoteSGLangEngine(config.rollout)
     rollout.initialize()
-    actor = PPOActor(config.actor, config.total_train_steps)
+    actor = PPOActor(config.actor, config.gconfig, config.total_train_steps)
     actor.initialize()
     critic = PPOCritic(config.critic, config.total_train_steps).initialize() if config.critic else None
-    ref = ReferenceModel(config.ref).initialize() if config.ref else None
+    ref = ReferenceModel(config.ref, config.gconfig).initialize() if config.ref else None
     reward_fn = reward_fn_for(config)
     reward_pool = RewardPool(max_workers=2)  # shared by training and evaluation
     feed = DataFeed(loader)  # remembers prompts handed out but not yet trained (exact recovery)
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
                     batch = rollout.rollout_batch(next(prompt_batches), workflow)
             with timer("train"):
                 if ref is not None:  # the KL term's anchor
-                    batch["ref_logp"] = ref.compute_logp(batch, config.actor.temperature)
+                    batch["ref_logp"] = ref.compute_logp(batch)
                 if critic is not None:  # PPO: advantages by GAE on the critic's values
                     batch["values"] = critic.compute_values(batch)
                 stats.update(batch_stats(tracker, batch, version))  # before compute_advantages edits loss_mask

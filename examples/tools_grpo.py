@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
     with (
         RewardPool(max_workers=2) as reward_pool,
         RemoteSGLangEngine(config.rollout) as rollout,
-        PPOActor(config.actor, config.total_train_steps) as actor,
+        PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
     ):
         workflow = ToolUseWorkflow(reward_fn, config.gconfig, tokenizer, tools, turns, reward_pool)
         with_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, tools, turns, reward_pool)

@@ -26,7 +26,7 @@ import torch
 
 from arealite.algo.advantages import backend as advantages_backend
 from arealite.algo.losses import AGGREGATIONS, KL_ESTIMATORS, LOG_RATIOS, entropy_from_logits, kl_loss, ppo_actor_loss
-from arealite.config import PPOActorConfig
+from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
 from arealite.train.engine import FSDPEngine, load_causal_lm
@@ -39,10 +39,23 @@ class PPOActor(FSDPEngine):
     Construct, then `initialize()` (collective) before use.
     """
 
-    def __init__(self, config: PPOActorConfig, total_train_steps: int | None = None, build_model=load_causal_lm):
+    def __init__(
+        self,
+        config: PPOActorConfig,
+        gconfig: GenerationHyperparameters | None = None,
+        total_train_steps: int | None = None,
+        build_model=load_causal_lm,
+    ):
+        if gconfig is not None and not isinstance(gconfig, GenerationHyperparameters):
+            raise TypeError(
+                f"PPOActor's second argument is the sampling config (config.gconfig: group size, temperature, "
+                f"generation budget), got {type(gconfig).__name__}; call PPOActor(config.actor, config.gconfig, "
+                "total_train_steps)"
+            )
         optimizer_steps = None if total_train_steps is None else total_train_steps * config.ppo_n_minibatches
         super().__init__(config, optimizer_steps, build_model)
         self.config: PPOActorConfig = config
+        self.gconfig = gconfig if gconfig is not None else GenerationHyperparameters()
         self._advantage_stats: dict[str, float] = {}  # of the last compute_advantages, for ppo_update
 
     @torch.no_grad()
@@ -52,7 +65,7 @@ class PPOActor(FSDPEngine):
         `out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])` from logits / temperature;
         0 at t = 0, on padding, and (when the batch has `loss_mask`) outside the loss mask.
         """
-        temp = self.config.temperature if temperature is None else temperature
+        temp = self.gconfig.logprob_temperature if temperature is None else temperature
         return batch_token_logprobs(self, batch, temp)
 
     def compute_advantages(self, batch: Batch) -> Batch:
@@ -75,7 +88,7 @@ class PPOActor(FSDPEngine):
         started = time.perf_counter()
         home = batch["loss_mask"].device
         on_device = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        result = {k: v.to(home) for k, v in estimate_advantages(on_device, cfg).items()}  # .to(home) waits for it
+        result = {k: v.to(home) for k, v in estimate_advantages(on_device, cfg, self.gconfig).items()}  # .to(home) waits for it
         batch.update(result)
         self._advantage_stats = {
             "time/advantages": time.perf_counter() - started,
@@ -103,15 +116,17 @@ class PPOActor(FSDPEngine):
                 batch = {**batch, "prox_logp": self.compute_logp(batch)}
             # else: no prox_logp key, and actor_loss takes its own forward's log-probs
         agg = AGGREGATIONS[cfg.loss_agg_mode]
-        loss_fn = partial(actor_loss, config=cfg)
+        loss_fn = partial(actor_loss, config=cfg, temperature=self.gconfig.logprob_temperature)
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
         out = self.train_minibatches(batch, loss_fn, weight_fn, cfg.ppo_n_minibatches, "actor.ppo_n_minibatches")
         advantage_stats, self._advantage_stats = self._advantage_stats, {}
         return [{**stats, **advantage_stats} for stats in out]
 
 
-def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple[torch.Tensor, dict]:
-    """The configured PPO loss on one packed micro-batch; logits [N, V].
+def actor_loss(
+    logits: torch.Tensor, mb: Batch, config: PPOActorConfig, temperature: float = 1.0
+) -> tuple[torch.Tensor, dict]:
+    """The configured PPO loss on one packed micro-batch; logits [N, V] at the sampling `temperature`.
 
     Without `mb["prox_logp"]` the old policy is this forward's own log-probs, detached:
     right only while the weights have not moved since the update began (`ppo_update` leaves
@@ -120,7 +135,7 @@ def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple
     dev = logits.device
     cu = mb["cu_seqlens"].to(dev)
     mask = mb["loss_mask"].to(dev).bool()
-    logp = packed_token_logprobs(logits, mb["input_ids"], cu, config.temperature)
+    logp = packed_token_logprobs(logits, mb["input_ids"], cu, temperature)
     prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()
     agg = AGGREGATIONS[config.loss_agg_mode].reduce
@@ -137,7 +152,7 @@ def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple
         kl, kl_stats = kl_loss(logp, mb["ref_logp"].to(dev).float(), mask, cu, KL_ESTIMATORS[config.kl_estimator], agg)
         loss = loss + config.kl_ctl * kl
         stats.update(kl_stats)
-    entropy = _token_entropy(logits, cu, config.temperature, grad=config.entropy_coef > 0)
+    entropy = _token_entropy(logits, cu, temperature, grad=config.entropy_coef > 0)
     ent = agg(entropy, mask, cu)
     if config.entropy_coef > 0:
         loss = loss - config.entropy_coef * ent

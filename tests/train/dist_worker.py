@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from arealite import world  # noqa: E402
-from arealite.config import MicroBatchSpec, OptimizerConfig, PPOActorConfig  # noqa: E402
+from arealite.config import GenerationHyperparameters, MicroBatchSpec, OptimizerConfig, PPOActorConfig  # noqa: E402
 from arealite.data.packing import select  # noqa: E402
 from arealite.train.actor import PPOActor  # noqa: E402
 from arealite.train.data_parallel import balance_across_ranks  # noqa: E402
@@ -42,9 +42,9 @@ def train_one_step(model_dir: str, uneven: bool = False, fused: bool = False) ->
     # Adam's eps bounds how much it amplifies rounding in near-zero gradients (gain lr/eps):
     # 1e-4 keeps the 1-vs-2-rank comparison about the gradients, not float summation order.
     mb_spec = MicroBatchSpec(n_mbs=3, balance_across_ranks=False) if uneven else MicroBatchSpec(n_mbs=2)
-    cfg = PPOActorConfig(path=model_dir, dtype="float32", group_size=2, optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
+    cfg = PPOActorConfig(path=model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
                          mb_spec=mb_spec, use_decoupled_loss=True)  # fmt: skip
-    actor = PPOActor(cfg).initialize()
+    actor = PPOActor(cfg, GenerationHyperparameters(group_size=2)).initialize()
     batch = make_batch(GLOBAL_LENS, seed=21)
     batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
     bounds = [0, 2, len(GLOBAL_LENS)] if uneven else [len(GLOBAL_LENS) * r // n_ranks for r in range(n_ranks + 1)]
