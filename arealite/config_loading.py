@@ -29,7 +29,7 @@ C = TypeVar("C")
 RENAMED: dict[str, str] = {
     "actor.group_size": "the group size is gconfig.group_size (stated once, read by the actor too)",
     "actor.temperature": "the temperature is gconfig.temperature (stated once; the trainer's logprobs use it)",
-    "actor.max_new_tokens": "the generation budget is gconfig.max_new_tokens (stated once; the overlong penalty uses it)",
+    "actor.max_new_tokens": "the budget is gconfig.max_new_tokens (stated once; the overlong penalty reads it)",
     "actor.adv_norm": (
         "use actor.group_norm (mean_std | mean | rloo | none) and actor.whiten_advantages (true | false): "
         "group -> group_norm=mean_std; group_mean -> group_norm=mean; rloo -> group_norm=rloo; "

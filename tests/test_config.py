@@ -153,8 +153,8 @@ def test_help_on_the_example_and_through_the_launchers_exits_zero():
     script = "examples/gsm8k_grpo.py"
     commands = {
         "example": [sys.executable, script, "--help"],
-        "local, after SCRIPT": [sys.executable, "-m", "arealite.launcher.local", script, "--config", "configs/tiny_cpu.yaml",
-                                "--help"],
+        "local, after SCRIPT": [sys.executable, "-m", "arealite.launcher.local", script,
+                                "--config", "configs/tiny_cpu.yaml", "--help"],
         "slurm, after SCRIPT": [sys.executable, "-m", "arealite.launcher.slurm", script, "-h"],
         "local, before SCRIPT": [sys.executable, "-m", "arealite.launcher.local", "--help"],
     }  # fmt: skip

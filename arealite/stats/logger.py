@@ -140,7 +140,8 @@ class StatsLogger:
             try:
                 return plot_run(self.run_dir)
             except ImportError as e:  # a finished run must not fail over its picture
-                print(f"[stats] no plots: {e}; pip install matplotlib, then python -m arealite.stats.plots {self.run_dir}")
+                hint = f"pip install matplotlib, then python -m arealite.stats.plots {self.run_dir}"
+                print(f"[stats] no plots: {e}; {hint}")
         return None
 
 

@@ -46,7 +46,9 @@ class StatsTracker:
         v = values.detach().float().reshape(-1)
         if mask is not None:
             if mask.shape != values.shape:
-                raise ValueError(f"mask shape {tuple(mask.shape)} must equal values shape {tuple(values.shape)} for {name!r}")
+                raise ValueError(
+                    f"mask shape {tuple(mask.shape)} must equal values shape {tuple(values.shape)} for {name!r}"
+                )
             v = v[mask.reshape(-1).bool()]
         self._sum[name] = self._sum.get(name, 0.0) + float(v.sum())
         self._weight[name] = self._weight.get(name, 0.0) + float(v.numel())

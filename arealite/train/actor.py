@@ -88,7 +88,8 @@ class PPOActor(FSDPEngine):
         started = time.perf_counter()
         home = batch["loss_mask"].device
         on_device = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        result = {k: v.to(home) for k, v in estimate_advantages(on_device, cfg, self.gconfig).items()}  # .to(home) waits for it
+        estimated = estimate_advantages(on_device, cfg, self.gconfig)
+        result = {k: v.to(home) for k, v in estimated.items()}  # .to(home) waits for it
         batch.update(result)
         self._advantage_stats = {
             "time/advantages": time.perf_counter() - started,

@@ -3,7 +3,8 @@
     batch["ref_logp"] = ref.compute_logp(batch)
 
 Its logprobs are taken at the sampling temperature (`gconfig`), like the actor's, so the KL
-term compares the two policies on one distribution. It reuses the engine's sharded forward and never builds an optimizer, whatever the config says.
+term compares the two policies on one distribution. It reuses the engine's sharded forward
+and never builds an optimizer, whatever the config says.
 """
 
 from __future__ import annotations

@@ -10,7 +10,13 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from arealite.config import GenerationHyperparameters, MicroBatchSpec, OptimizerConfig, PPOActorConfig, TrainEngineConfig
+from arealite.config import (
+    GenerationHyperparameters,
+    MicroBatchSpec,
+    OptimizerConfig,
+    PPOActorConfig,
+    TrainEngineConfig,
+)
 from arealite.server.process import launch_server_process
 from arealite.train.actor import PPOActor
 from arealite.train.advantage_estimation import estimate_advantages

@@ -15,7 +15,8 @@ from tests.train.helpers import make_batch
 
 
 def _config(**actor) -> GRPOConfig:
-    return GRPOConfig(gconfig=GenerationHyperparameters(group_size=2, max_new_tokens=8), actor=PPOActorConfig(path="x", **actor))
+    return GRPOConfig(gconfig=GenerationHyperparameters(group_size=2, max_new_tokens=8),
+                      actor=PPOActorConfig(path="x", **actor))
 
 
 def test_mask_no_eos_with_zero_drops_truncated_responses_from_the_loss_and_scores_them_zero():
@@ -40,7 +41,8 @@ def test_mask_no_eos_with_zero_drops_truncated_responses_from_the_loss_and_score
 def test_mask_no_eos_with_zero_needs_the_truncated_key():
     batch = make_batch([6, 6], seed=2)
     with pytest.raises(KeyError, match="truncated"):
-        estimate_advantages(batch, PPOActorConfig(path="x", mask_no_eos_with_zero=True), GenerationHyperparameters(group_size=2))
+        config = PPOActorConfig(path="x", mask_no_eos_with_zero=True)
+        estimate_advantages(batch, config, GenerationHyperparameters(group_size=2))
 
 
 def test_overlong_penalty_takes_the_budget_from_gconfig():
