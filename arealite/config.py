@@ -343,7 +343,7 @@ class StatsLoggerConfig:
 
 @dataclass
 class RecoverConfig:
-    """Checkpoints for recovery (`arealite.utils.recover`): what a crashed run resumes from."""
+    """Checkpoints for recovery (`arealite.recover`): what a crashed run resumes from."""
 
     mode: str = "auto"  # auto: resume when a checkpoint exists | disabled | resume: a checkpoint must exist
     freq_steps: int = 0  # save every this many steps (and after the last); 0: only after the last step

@@ -32,11 +32,11 @@ from arealite.reward.pool import RewardPool
 from arealite.rollout import RemoteSGLangEngine
 from arealite.rollout.dynamic_sampling import DynamicSampler
 from arealite.train import PPOActor, PPOCritic, ReferenceModel
-from arealite.utils.recover import EngineGroup, Recover
+from arealite.recover import EngineGroup, Recover
 from arealite.stats.logger import StatsLogger
 from arealite.stats.tracker import StatsTracker
 from arealite.stats.timer import StepTimer
-from arealite.utils.data_feed import DataFeed
+from arealite.data.feed import DataFeed
 from arealite.stats.batch import batch_stats
 from arealite.utils.weight_sync import init_weight_update, sync_weights
 from arealite.workflow import RLVRWorkflow

@@ -102,7 +102,7 @@ def test_batch_stats_report_truncated_fraction_and_staleness():
 def test_asynchronous_filter_lets_a_group_through_after_the_search_bound():
     from arealite.data.loader import create_dataloader
     from arealite.rollout.dynamic_sampling import MAX_SAMPLED_BATCHES, DynamicSampler
-    from arealite.utils.data_feed import DataFeed
+    from arealite.data.feed import DataFeed
 
     feed = DataFeed(create_dataloader([{"id": str(i)} for i in range(8)], batch_size=4))
     sampler = DynamicSampler(feed, group_size=2)

@@ -14,7 +14,7 @@ from arealite.config import OptimizerConfig, RecoverConfig, TrainEngineConfig
 from arealite.data.arithmetic import make_arithmetic_dataset
 from arealite.data.loader import create_dataloader
 from arealite.train.engine import FSDPEngine
-from arealite.utils.recover import Recover, RecoverError
+from arealite.recover import Recover, RecoverError
 from arealite.stats.jsonl import read_stats
 from arealite.stats.logger import StatsLogger
 
@@ -148,7 +148,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(three_checkpoi
     shutil.copytree(source, tmp_path / "run")
     damaged = _damage(tmp_path / "run" / "checkpoints" / "step_2", how)
     engine = _engine(tiny_model_dir)
-    with caplog.at_level("WARNING", logger="arealite.utils.recover"):
+    with caplog.at_level("WARNING", logger="arealite.recover"):
         info = Recover(RecoverConfig(mode="resume"), str(tmp_path / "run")).load(engine, None)
     assert (info.step, info.version) == (1, 2)
     got = _params(engine)
