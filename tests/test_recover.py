@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(180)
 
 def _engine(path: str) -> FSDPEngine:
     opt = OptimizerConfig(lr=1e-2, lr_scheduler_type="linear", warmup_steps_proportion=0.2)
-    return FSDPEngine(TrainEngineConfig(path=path, dtype="float32", optimizer=opt), total_train_steps=10).initialize()
+    return FSDPEngine(TrainEngineConfig(path=path, dtype="float32", optimizer=opt), total_optimizer_steps=10).initialize()
 
 
 def _step(engine: FSDPEngine, seed: int) -> None:

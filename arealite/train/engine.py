@@ -101,21 +101,21 @@ class FSDPEngine:
     """A sharded model, its optimizer and micro-batched forward/backward. Collective API.
 
     Construction only validates; `initialize()` joins the process group, loads and shards the
-    model and builds the optimizer. `total_train_steps` counts optimizer steps (needed by
-    warmup and decaying lr schedules). `build_model(path, attn_implementation)` lets a
+    model and builds the optimizer. `total_optimizer_steps` (needed by warmup and decaying lr
+    schedules) counts optimizer steps; the actor and critic take training steps and multiply. `build_model(path, attn_implementation)` lets a
     critic swap in a value head.
     """
 
     def __init__(
         self,
         config: TrainEngineConfig,
-        total_train_steps: int | None = None,
+        total_optimizer_steps: int | None = None,
         build_model: ModelBuilder = load_causal_lm,
     ) -> None:
         if not config.path:
             raise ValueError("TrainEngineConfig.path is empty; set it to an HF model folder (e.g. actor.path=...)")
         self.config = config
-        self.total_train_steps = total_train_steps
+        self.total_optimizer_steps = total_optimizer_steps
         self._build_model = build_model
         self._model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -152,7 +152,7 @@ class FSDPEngine:
                 trainable, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
                 weight_decay=opt.weight_decay,
             )  # fmt: skip
-            self.scheduler = build_scheduler(self.optimizer, opt, self.total_train_steps)
+            self.scheduler = build_scheduler(self.optimizer, opt, self.total_optimizer_steps)
         return self
 
     @property

@@ -111,13 +111,13 @@ def test_lr_schedules(kind):
 def test_checkpoint_resume_continues_identically(tiny_model_dir, tmp_path):
     cfg = TrainEngineConfig(path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2, lr_scheduler_type="linear"))
     batch = make_batch([9, 6, 7], seed=17)
-    engine = FSDPEngine(cfg, total_train_steps=4).initialize()
+    engine = FSDPEngine(cfg, total_optimizer_steps=4).initialize()
     engine.train_batch(batch, _logp_loss, _weight)
     engine.save_checkpoint(str(tmp_path / "ckpt"))
     lr_before = engine.optimizer.param_groups[0]["lr"]
     engine.train_batch(batch, _logp_loss, _weight)
     want = engine.forward(batch)
-    resumed = FSDPEngine(cfg, total_train_steps=4).initialize()
+    resumed = FSDPEngine(cfg, total_optimizer_steps=4).initialize()
     resumed.load_checkpoint(str(tmp_path / "ckpt"))
     assert resumed.optimizer.param_groups[0]["lr"] == lr_before < 1e-2  # the schedule resumed mid-decay
     resumed.train_batch(batch, _logp_loss, _weight)  # needs the restored Adam moments to match

@@ -35,7 +35,7 @@ def _weight(mb):
 
 def _engine(path: str, lr: float = 1e-2, **kw) -> FSDPEngine:
     cfg = TrainEngineConfig(path=path, dtype="float32", optimizer=OptimizerConfig(lr=lr, **kw), lora=LORA)
-    return FSDPEngine(cfg, total_train_steps=4).initialize()
+    return FSDPEngine(cfg, total_optimizer_steps=4).initialize()
 
 
 def _full(model) -> dict[str, torch.Tensor]:
