@@ -17,15 +17,19 @@ from typing import Any
 from arealite.config_loading import ConfigError, load_config, save_config  # noqa: F401  (re-exported)
 
 
+def _key(owner: str, name: str) -> str:
+    return f"{owner}.{name}" if owner else name  # owner "": a top-level field
+
+
 def _check_choice(owner: str, name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{owner}.{name}={value!r} is not supported; choose one of {list(choices)}")
+        raise ConfigError(f"{_key(owner, name)}={value!r} is not supported; choose one of {list(choices)}")
 
 
 def _check_positive(owner: str, name: str, value: float | int, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{owner}.{name}={value!r} must be {bound}")
+        raise ConfigError(f"{_key(owner, name)}={value!r} must be {bound}")
 
 
 GREEDY_TEMPERATURE = 1e-6  # below it, sampling is greedy (SGLang's rule)

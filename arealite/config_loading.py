@@ -129,11 +129,43 @@ def load_config(argv: list[str], cls: type[C], prog: str | None = None) -> C:
     try:
         merged = OmegaConf.merge(schema, *layers)
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except ConfigError as e:
+        raise ConfigError(_with_real_path(str(e), cls, merged)) from e
     except (ValidationError, ConfigKeyError) as e:
         key = getattr(e, "full_key", None) or "?"
         expected = _expected_type(cls, str(key))
         msg = str(e).splitlines()[0]
         raise ConfigError(f"config field '{key}' expects {expected}: {msg}") from e
+
+
+def _failing_section(cls: type, node: Any, prefix: str = "") -> str | None:
+    """The dotted path of the innermost section whose own validation fails, or None."""
+    for f in fields(cls):
+        sub = _field_type(cls, f.name)
+        child = node.get(f.name) if sub is not None else None
+        if child is None:
+            continue
+        path = f"{prefix}{f.name}"
+        inner = _failing_section(sub, child, path + ".")
+        if inner is not None:
+            return inner
+        try:
+            OmegaConf.to_object(child)
+        except ConfigError:
+            return path
+    return None
+
+
+def _with_real_path(message: str, cls: type, merged: DictConfig) -> str:
+    """A section validates itself under one name (`actor.dtype`, `dataset.type`); name the key the
+    user wrote instead (`ref.dtype`, `valid_dataset.type`)."""
+    import re
+
+    section = _failing_section(cls, merged)
+    m = re.match(r"([A-Za-z_][\w.]*)\.(\w+)=", message)
+    if section is None or m is None or m.group(1) == section:
+        return message
+    return section + message[len(m.group(1)) :]
 
 
 def _expected_type(cls: type, dotted: str) -> str:

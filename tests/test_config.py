@@ -166,3 +166,21 @@ def test_help_on_the_example_and_through_the_launchers_exits_zero():
         else:
             assert "  gconfig.group_size: int = 4\n      samples per prompt" in proc.stdout, what
             assert "  actor.group_norm: str = 'mean_std'" in proc.stdout, what
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["ref.path=/m", "ref.dtype=float16"], "ref.dtype='float16' is not supported"),
+        (["critic.dtype=x"], "critic.dtype='x' is not supported"),
+        (["valid_dataset.type=bad"], "valid_dataset.type='bad' is not supported"),
+        (["actor.mb_spec.n_mbs=0"], "actor.mb_spec.n_mbs=0 must be > 0"),
+        (["actor.dtype=x"], "actor.dtype='x' is not supported"),
+        (["weight_update=bad"], "weight_update='bad' is not supported"),
+    ],
+)
+def test_validation_errors_name_the_key_the_user_wrote(overrides, message):
+    # a section class validates itself under one name; the error names the section actually set
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides, GRPOConfig)
+    assert str(info.value).startswith(message), str(info.value)
