@@ -27,15 +27,16 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from arealite import world
 from arealite.config import RecoverConfig
-from arealite.utils.seeding import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 _MANIFEST = "manifest.json"
@@ -272,3 +273,20 @@ class EngineGroup:
         self.actor.load_checkpoint(path)
         for name, engine in self.others.items():
             engine.load_checkpoint(f"{path}.{name}")
+
+
+def rng_state() -> dict[str, Any]:
+    """The state of Python's, NumPy's and torch's default generators (CPU, and CUDA if used)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -3,7 +3,7 @@
 Each trainer rank evaluates its shard of the held-out records (k seeded samples per prompt at
 `evaluator.temperature`) and the per-prompt metrics are summed over ranks, so every rank
 returns the same numbers. Sampling seeds derive from `evaluator.seed`, the record id, the
-sample index and the weight version (`arealite.utils.seeding`): the standalone
+sample index and the weight version (`arealite.workflow.seeding`): the standalone
 `python -m arealite.eval` on the saved weights of version v draws the same samples and
 reproduces the in-training number.
 """
