@@ -17,30 +17,37 @@ from typing import Any
 from arealite.config_loading import ConfigError, load_config, save_config  # noqa: F401  (re-exported)
 
 
+def _key(owner: str, name: str) -> str:
+    return f"{owner}.{name}" if owner else name  # owner "": a top-level field
+
+
 def _check_choice(owner: str, name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"{owner}.{name}={value!r} is not supported; choose one of {list(choices)}")
+        raise ConfigError(f"{_key(owner, name)}={value!r} is not supported; choose one of {list(choices)}")
 
 
 def _check_positive(owner: str, name: str, value: float | int, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{owner}.{name}={value!r} must be {bound}")
+        raise ConfigError(f"{_key(owner, name)}={value!r} must be {bound}")
+
+
+GREEDY_TEMPERATURE = 1e-6  # below it, sampling is greedy (SGLang's rule)
 
 
 @dataclass
 class GenerationHyperparameters:
     """Sampling settings for rollouts (sent to the servers as SGLang `sampling_params`)."""
 
-    group_size: int = 4  # samples per prompt (GRPO group)
-    max_new_tokens: int = 64  # budget of generated tokens per sample
+    group_size: int = 4  # samples per prompt (GRPO group); also the group of group-relative advantages
+    max_new_tokens: int = 64  # budget of generated tokens per sample; also the budget of the overlong penalty
     min_new_tokens: int = 0  # EOS/stop is suppressed until this many tokens are out
-    temperature: float = 1.0  # < 1e-6 means greedy, as in SGLang
-    top_p: float = 1.0
+    temperature: float = 1.0  # < 1e-6 means greedy, as in SGLang; the trainer's logprobs use it too
+    top_p: float = 1.0  # nucleus sampling: keep the smallest set of tokens with this much probability
     top_k: int = -1  # -1: whole vocabulary
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids besides EOS
     stop: list[str] = field(default_factory=list)  # stop strings
-    frequency_penalty: float = 0.0
+    frequency_penalty: float = 0.0  # subtracted from a token's logit once per earlier occurrence (SGLang's)
     sampling_seed: int | None = None  # base of per-sample seeds (reproducible sampling); None: server-chosen
 
     def __post_init__(self) -> None:
@@ -51,6 +58,12 @@ class GenerationHyperparameters:
             raise ConfigError(f"gconfig.top_p={self.top_p} must be in (0, 1]")
         if self.top_k != -1 and self.top_k < 1:
             raise ConfigError(f"gconfig.top_k={self.top_k} must be -1 (whole vocabulary) or >= 1")
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the logprobs a server reports, which the trainer must reproduce:
+        the sampling temperature, or 1 for greedy sampling (SGLang's greedy rewrite)."""
+        return 1.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature
 
     def sampling_params(self) -> dict[str, Any]:
         """SGLang `sampling_params` for one request; never sends a null value."""
@@ -82,18 +95,23 @@ class InferenceEngineConfig:
 
     max_concurrent_rollouts: int | None = None  # in-flight trajectories; None: the batch size
     max_head_offpolicyness: int = 0  # staleness bound in versions; 0 is synchronous
-    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal (no learning signal) and keep sampling until the batch is full
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal (no learning signal) and keep
+    # sampling until the batch is full
     request_timeout: float = 3600.0  # seconds for one /generate call (includes pause windows)
     request_retries: int = 3  # attempts on connection errors and 5xx, with backoff
     setup_timeout: float = 120.0  # seconds to wait for servers to become healthy
     health_check_interval: float = 5.0  # seconds between probes of servers out of rotation
     pause_grace_period: float = 0.0  # seconds to sleep after pausing before a weight upload
     health_check_timeout: float = 5.0  # seconds one /health probe may take before the server counts as down
-    consumer_batch_size: int | None = None  # trajectories per trained batch (the staleness unit); None: the dataloader's batch size
+    consumer_batch_size: int | None = None  # trajectories per trained batch (the staleness unit); None: the
+    # dataloader's batch size
     control_timeout: float = 60.0  # seconds one pause / continue / version-check call to a server may take
-    weight_update_timeout: float = 45.0  # distributed weight update: seconds the group may take to form, one broadcast may wait and one server's update call may take; a server past it is excluded (a killed one within a second)
-    stall_timeout: float = 600.0  # seconds rollout_batch / prepare_batch may go without progress before a diagnostic is logged; raised after twice that; 0 disables
-    pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
+    weight_update_timeout: float = 45.0  # distributed weight update: seconds the group may take to form, one broadcast
+    # may wait and one server's update call may take; a server past it is excluded (a killed one within a second)
+    stall_timeout: float = 600.0  # seconds rollout_batch / prepare_batch may go without progress before a diagnostic is
+    # logged; raised after twice that; 0 disables
+    pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place
+    # (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
 
     def __post_init__(self) -> None:
         _check_choice("rollout", "pause_mode", self.pause_mode, PAUSE_MODES)
@@ -110,12 +128,12 @@ class InferenceEngineConfig:
 class OptimizerConfig:
     """AdamW with warmup and a learning-rate schedule."""
 
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    warmup_steps_proportion: float = 0.0
+    lr: float = 1e-5  # peak learning rate
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay
+    beta1: float = 0.9  # Adam's first-moment decay
+    beta2: float = 0.999  # Adam's second-moment decay
+    eps: float = 1e-8  # Adam's denominator epsilon
+    warmup_steps_proportion: float = 0.0  # fraction of the optimizer steps spent warming the lr up linearly from 0
     lr_scheduler_type: str = "constant"  # constant | linear | cosine
     min_lr_ratio: float = 0.0  # floor of linear/cosine decay, as a fraction of lr
     gradient_clipping: float = 1.0  # max global grad norm; 0 disables clipping
@@ -165,10 +183,10 @@ class TrainEngineConfig:
 
     path: str = ""  # HF model folder to load
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16
-    gradient_checkpointing: bool = False
-    cpu_offload: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, more time
+    cpu_offload: bool = False  # FSDP2 keeps parameters and optimizer state on the CPU between uses
     optimizer: OptimizerConfig | None = field(default_factory=OptimizerConfig)  # None: frozen (reference model)
-    mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)
+    mb_spec: MicroBatchSpec = field(default_factory=MicroBatchSpec)  # how a batch is split into micro-batches
     lora: LoRAConfig | None = None  # train a LoRA adapter instead of every weight (needs weight_update=lora)
 
     def __post_init__(self) -> None:
@@ -177,23 +195,27 @@ class TrainEngineConfig:
             raise ConfigError("a frozen model (optimizer: null, e.g. ref) cannot have a LoRA adapter; set its lora to null")
 
 
+GROUP_NORMS = ("mean_std", "mean", "rloo", "none")  # `algo.advantages.group_normalize`'s modes, plus none
+
+
 @dataclass
 class PPOActorConfig(TrainEngineConfig):
     """PPO/GRPO actor: losses and advantages on top of the training engine."""
 
-    group_size: int = 4  # samples per prompt, for group-relative advantages
     ppo_n_minibatches: int = 1  # optimizer steps per training step
     eps_clip: float = 0.2  # PPO clip range (lower, and upper unless eps_clip_higher is set)
     eps_clip_higher: float | None = None  # DAPO clip-higher upper bound
     c_clip: float | None = None  # dual-clip constant (> 1); None disables
-    temperature: float = 1.0  # must equal the rollout temperature for logprobs to match
-    reward_scaling: float = 1.0
-    reward_bias: float = 0.0
-    reward_clip: float = 20.0
-    adv_norm: str = "group"  # group (GRPO) | group_mean (Dr.GRPO) | rloo | group_baseline_batch (REINFORCE++-baseline) | batch (whiten) | none
+    reward_scaling: float = 1.0  # shaped reward = clip((reward + reward_bias) * reward_scaling, +-reward_clip)
+    reward_bias: float = 0.0  # added to every reward before scaling
+    reward_clip: float = 20.0  # shaped rewards are clipped to [-reward_clip, reward_clip]
+    group_norm: str = "mean_std"  # baseline within a group: mean_std (GRPO) | mean (Dr.GRPO) | rloo (RLOO) | none
+    whiten_advantages: bool = False  # whiten advantages over the batch's loss tokens (with group_norm=mean:
+    # REINFORCE++-baseline; with a critic: PPO)
     kl_ctl: float = 0.0  # weight of the KL to the reference model
     use_decoupled_loss: bool = False  # ratio to prox_logp with a behaviour importance weight
-    behav_imp_weight_cap: float | None = None
+    behav_imp_weight_cap: float | None = None  # decoupled loss: tokens whose behaviour importance weight exceeds it get
+    # no loss; None: no cap
     recompute_logprob: bool = True  # recompute prox_logp with current weights before the update
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum (Dr.GRPO)
     importance_sampling_level: str = "token"  # token (PPO) | sequence (GSPO's sequence-level ratio)
@@ -203,16 +225,15 @@ class PPOActorConfig(TrainEngineConfig):
     gamma: float = 1.0  # discount for token-level returns (GAE, KL-in-reward)
     lam: float = 1.0  # GAE lambda
     adv_eps: float = 1e-6  # epsilon in group and batch normalization of advantages
-    max_new_tokens: int | None = None  # generation budget, for the overlong penalty; None: gconfig.max_new_tokens
-    overlong_tokens: int | None = None  # DAPO soft overlong penalty over the last this-many tokens; None: off
+    overlong_tokens: int | None = None  # DAPO soft overlong penalty over the last this-many tokens of
+    # gconfig.max_new_tokens; None: off
     overlong_penalty_factor: float = 1.0  # penalty at the full budget, in reward units
-    mask_no_eos_with_zero: bool = False  # truncated responses (no stop token within the budget) score 0 in their group and get no loss (AReaL's name; TRL: mask_truncated_completions)
+    mask_no_eos_with_zero: bool = False  # truncated responses (no stop token within the budget) score 0 in their group
+    # and get no loss (AReaL's name; TRL: mask_truncated_completions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_choice(
-            "actor", "adv_norm", self.adv_norm, ("group", "group_mean", "rloo", "group_baseline_batch", "batch", "none")
-        )
+        _check_choice("actor", "group_norm", self.group_norm, GROUP_NORMS)
         _check_choice(
             "actor", "loss_agg_mode", self.loss_agg_mode, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
         )
@@ -220,11 +241,6 @@ class PPOActorConfig(TrainEngineConfig):
         _check_choice("actor", "kl_estimator", self.kl_estimator, ("k1", "k2", "k3"))
         if self.overlong_tokens is not None:
             _check_positive("actor", "overlong_tokens", self.overlong_tokens)
-            if self.max_new_tokens is not None and self.overlong_tokens > self.max_new_tokens:
-                raise ConfigError(
-                    f"actor.overlong_tokens={self.overlong_tokens} exceeds actor.max_new_tokens={self.max_new_tokens}; "
-                    "the penalty zone must fit in the generation budget"
-                )
         if self.use_decoupled_loss and not self.recompute_logprob:
             raise ConfigError("actor.use_decoupled_loss=true needs actor.recompute_logprob=true (it uses prox_logp)")
         if self.c_clip is not None and self.c_clip <= 1.0:
@@ -252,12 +268,14 @@ class PPOCriticConfig(TrainEngineConfig):
 class DatasetConfig:
     """A dataset and its loader."""
 
-    path: str = ""  # what datasets reads: a json/jsonl/parquet/csv/arrow file, a save_to_disk folder, a folder of data files, or a cached hub name (HF_HUB_OFFLINE=1); unused for type=arithmetic
+    path: str = ""  # what datasets reads: a json/jsonl/parquet/csv/arrow file, a save_to_disk folder, a folder of data
+    # files, or a cached hub name (HF_HUB_OFFLINE=1); unused for type=arithmetic
     type: str = "gsm8k"  # gsm8k | math500 | arithmetic | jsonl (generic records in any of path's formats)
-    split: str | None = None  # split of a multi-split source (hub name, folder, DatasetDict); None: train for train_dataset, test for valid_dataset
+    split: str | None = None  # split of a multi-split source (hub name, folder, DatasetDict); None: train for
+    # train_dataset, test for valid_dataset
     subset: str | None = None  # hub dataset configuration, e.g. main for openai/gsm8k
     batch_size: int = 8  # prompts per step (across all ranks)
-    shuffle: bool = True
+    shuffle: bool = True  # reshuffle the records every epoch (seeded by the experiment seed)
     num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic)
     max_prompt_tokens: int | None = None  # drop prompts longer than this
     max_operand: int = 20  # type=arithmetic: operands are drawn from min_operand..max_operand
@@ -275,10 +293,10 @@ class ServerConfig:
 
     backend: str = "auto"  # auto (SGLang with CUDA, built-in otherwise) | builtin | sglang
     model_path: str = ""  # defaults to actor.path
-    dtype: str = "auto"
+    dtype: str = "auto"  # --dtype of the server: auto | float32 | bfloat16 | float16
     context_length: int | None = None  # defaults to the model's max_position_embeddings
-    max_running_requests: int = 64
-    random_seed: int = 1
+    max_running_requests: int = 64  # sequences a server decodes at once (--max-running-requests); more wait
+    random_seed: int = 1  # the server's --random-seed (sampling without a per-request seed)
     extra_args: list[str] = field(default_factory=list)  # appended to the server command line
 
     def __post_init__(self) -> None:
@@ -292,11 +310,13 @@ class LauncherConfig:
     n_servers: int = 1  # inference servers
     n_trainers: int = 1  # trainer processes (torchrun nproc_per_node)
     gpus_per_server: int = 1  # ignored by the built-in server on CPU
-    server_start_timeout: float = 180.0
+    server_start_timeout: float = 180.0  # seconds a server may take to answer /health before the launch fails
     max_server_restarts: int = 0  # restarts per server before the run stops
     setup_commands: list[str] = field(default_factory=list)  # shell commands run once before servers start
-    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task; local built-in server: its torch threads unless OMP_NUM_THREADS is set)
-    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task; local: its torch threads unless OMP_NUM_THREADS is set)
+    cpus_per_server: int = 1  # CPUs reserved per server (Ray bundle, Slurm --cpus-per-task; local built-in server: its
+    # torch threads unless OMP_NUM_THREADS is set)
+    cpus_per_trainer: int = 1  # CPUs reserved per trainer rank (Ray bundle, Slurm --cpus-per-task; local: its torch
+    # threads unless OMP_NUM_THREADS is set)
     ray_address: str = ""  # Ray cluster to join ("auto" or host:port); empty: $RAY_ADDRESS, else start a local one
     trainer_nodes: int = 1  # Slurm nodes the trainer ranks span (n_trainers split evenly across them)
     slurm_partition: str = ""  # sbatch --partition; empty: the cluster's default partition
@@ -319,7 +339,7 @@ class StatsLoggerConfig:
     """Where per-step statistics go."""
 
     jsonl: bool = True  # write <run_dir>/stats.jsonl
-    tensorboard: bool = False
+    tensorboard: bool = False  # also write <run_dir>/tensorboard/ (needs the tensorboard package)
     wandb_mode: str = "disabled"  # disabled | offline | online
     progress_bar: bool = True  # a tqdm bar over training steps on the main process
     plot: bool = True  # write <run_dir>/plots.png at the end of the run (needs matplotlib)
@@ -327,12 +347,14 @@ class StatsLoggerConfig:
 
 @dataclass
 class RecoverConfig:
-    """Checkpoints for recovery (`arealite.utils.recover`): what a crashed run resumes from."""
+    """Checkpoints for recovery (`arealite.recover`): what a crashed run resumes from."""
 
     mode: str = "auto"  # auto: resume when a checkpoint exists | disabled | resume: a checkpoint must exist
     freq_steps: int = 0  # save every this many steps (and after the last); 0: only after the last step
-    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted); >= 2 leaves one to fall back to if the newest is damaged
-    checksum: bool = True  # record each checkpoint file's SHA-256 and verify it before loading (one extra read at save and load); sizes are always checked
+    keep_last: int = 2  # checkpoints kept on disk (older ones are deleted); >= 2 leaves one to fall back to if the
+    # newest is damaged
+    checksum: bool = True  # record each checkpoint file's SHA-256 and verify it before loading (one extra read at save
+    # and load); sizes are always checked
 
     def __post_init__(self) -> None:
         _check_choice("recover", "mode", self.mode, ("auto", "disabled", "resume"))
@@ -364,9 +386,10 @@ class SFTConfig:
     base_path: str = ""  # HF model to fine-tune; the result is written to actor.path
     steps: int = 100  # optimizer steps
     batch_size: int = 32  # sequences per step
-    lr: float = 1e-3
+    lr: float = 1e-3  # constant learning rate of the warm start
     seed: int = 0  # data order; makes the warm start deterministic
-    records_fn: str = ""  # "module:function" turning the training records into SFT records, fn(records, tokenizer, config); empty: the records themselves, answer as completion
+    records_fn: str = ""  # "module:function" turning the training records into SFT records, fn(records, tokenizer,
+    # config); empty: the records themselves, answer as completion
 
     def __post_init__(self) -> None:
         _check_positive("sft", "steps", self.steps, allow_zero=True)
@@ -378,7 +401,8 @@ class SFTConfig:
 class ToolUseConfig:
     """Tool calling in rollouts (`arealite.workflow.ToolUseWorkflow`), read by examples/tools_grpo.py."""
 
-    tools: list[str] = field(default_factory=lambda: ["arealite.workflow.tools:Calculator"])  # "module:Class" of each tool, built without arguments
+    tools: list[str] = field(default_factory=lambda: ["arealite.workflow.tools:Calculator"])  # "module:Class" of each
+    # tool, built without arguments
     max_turns: int = 3  # model replies per sample, the final answer included
 
     def __post_init__(self) -> None:
@@ -389,28 +413,31 @@ class ToolUseConfig:
 class GRPOConfig:
     """A GRPO/PPO experiment: everything one training script reads."""
 
-    experiment_name: str = "arealite"
-    trial_name: str = "trial0"
+    experiment_name: str = "arealite"  # names the run directory (and the wandb run)
+    trial_name: str = "trial0"  # one attempt of an experiment; recovery resumes the same trial
     fileroot: str = "runs"  # run directories live under fileroot/experiment/trial
-    seed: int = 1
-    total_train_steps: int = 10
+    seed: int = 1  # seeds the data order, the model's initialization noise and the sampling seeds
+    total_train_steps: int = 10  # training steps (rollout, update, weight sync) of the run
     tokenizer_path: str = ""  # defaults to actor.path
     weight_update: str = "disk"  # disk | distributed | lora (only the actor's LoRA adapter, through /load_lora_adapter)
     weight_keep_versions: int = 3  # disk: weight versions kept under <run_dir>/weights (older ones are deleted)
     reward_fn: str = ""  # "module:function" of a custom reward; empty: chosen by train_dataset.type
-    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)
-    rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)
-    actor: PPOActorConfig = field(default_factory=PPOActorConfig)
-    ref: TrainEngineConfig | None = None  # frozen reference model for the KL term (actor.kl_ctl); path defaults to actor.path
-    critic: PPOCriticConfig | None = None  # PPO value model: set it to train with GAE on its values; path defaults to actor.path
-    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)
-    valid_dataset: DatasetConfig | None = None
-    server: ServerConfig = field(default_factory=ServerConfig)
-    launcher: LauncherConfig = field(default_factory=LauncherConfig)
-    stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)
-    recover: RecoverConfig = field(default_factory=RecoverConfig)
-    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
-    sft: SFTConfig = field(default_factory=SFTConfig)
+    gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)  # sampling, for rollouts and
+    # the trainer
+    rollout: InferenceEngineConfig = field(default_factory=InferenceEngineConfig)  # the rollout client
+    actor: PPOActorConfig = field(default_factory=PPOActorConfig)  # the policy being trained
+    ref: TrainEngineConfig | None = None  # frozen reference model for the KL term (actor.kl_ctl); path defaults to
+    # actor.path
+    critic: PPOCriticConfig | None = None  # PPO value model: set it to train with GAE on its values; path defaults to
+    # actor.path
+    train_dataset: DatasetConfig = field(default_factory=DatasetConfig)  # the prompts trained on
+    valid_dataset: DatasetConfig | None = None  # held-out records for the evaluator; None: no evaluation set
+    server: ServerConfig = field(default_factory=ServerConfig)  # the inference servers the launchers start
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)  # processes and resources
+    stats_logger: StatsLoggerConfig = field(default_factory=StatsLoggerConfig)  # where per-step statistics go
+    recover: RecoverConfig = field(default_factory=RecoverConfig)  # checkpoints and resuming
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)  # held-out evaluation during training
+    sft: SFTConfig = field(default_factory=SFTConfig)  # the supervised warm start before RL
     tool_use: ToolUseConfig | None = None  # tool calling (examples/tools_grpo.py)
 
     def __post_init__(self) -> None:
@@ -418,23 +445,14 @@ class GRPOConfig:
         self._check_lora()
         self._check_ppo_models()
         _check_positive("", "weight_keep_versions", self.weight_keep_versions)
-        sampled, trained = self.gconfig.temperature, self.actor.temperature
-        if sampled > 0 and abs(sampled - trained) > 1e-6:
-            # the trainer's logprobs must be those of the distribution the server sampled from
-            raise ConfigError(
-                f"actor.temperature={trained} differs from gconfig.temperature={sampled}; "
-                f"set actor.temperature={sampled} (the loss must use the sampling temperature)"
-            )
 
     def _check_ppo_models(self) -> None:
         """Fill what the actor, critic and reference model take from elsewhere; check they fit."""
         actor = self.actor
-        if actor.max_new_tokens is None:
-            actor.max_new_tokens = self.gconfig.max_new_tokens
-        if actor.overlong_tokens is not None and actor.overlong_tokens > actor.max_new_tokens:
+        if actor.overlong_tokens is not None and actor.overlong_tokens > self.gconfig.max_new_tokens:
             raise ConfigError(
                 f"actor.overlong_tokens={actor.overlong_tokens} exceeds the generation budget "
-                f"{actor.max_new_tokens} (gconfig.max_new_tokens); lower it"
+                f"gconfig.max_new_tokens={self.gconfig.max_new_tokens}; lower it"
             )
         for name in ("ref", "critic"):
             model = getattr(self, name)

@@ -1,14 +1,17 @@
 """Loading configs: `--config file.yaml` plus `key=value` overrides into real dataclasses.
 
 Works for any dataclass tree (omegaconf does the merging). An unknown key fails naming its
-dotted path and the closest valid names; a wrong type fails naming the field and the
-expected type; validation in the dataclasses' `__post_init__` raises `ConfigError`.
+dotted path and the closest valid names; a key that was renamed or removed fails naming its
+new spelling (`RENAMED`); a wrong type fails naming the field and the expected type;
+validation in the dataclasses' `__post_init__` raises `ConfigError`. `-h` / `--help` prints
+every field with its type, default and help text (`arealite.config_help`) and exits 0.
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import sys
 from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
@@ -21,6 +24,20 @@ class ConfigError(ValueError):
 
 
 C = TypeVar("C")
+
+# Keys that no longer exist, with what to write instead (each value is stated once).
+RENAMED: dict[str, str] = {
+    "actor.group_size": "the group size is gconfig.group_size (stated once, read by the actor too)",
+    "actor.temperature": "the temperature is gconfig.temperature (stated once; the trainer's logprobs use it)",
+    "actor.max_new_tokens": "the budget is gconfig.max_new_tokens (stated once; the overlong penalty reads it)",
+    "actor.adv_norm": (
+        "use actor.group_norm (mean_std | mean | rloo | none) and actor.whiten_advantages (true | false): "
+        "group -> group_norm=mean_std; group_mean -> group_norm=mean; rloo -> group_norm=rloo; "
+        "group_baseline_batch -> group_norm=mean whiten_advantages=true; batch -> group_norm=none "
+        "whiten_advantages=true; none -> group_norm=none"
+    ),
+}
+HELP_FLAGS = ("-h", "--help")
 
 
 def _dataclass_keys(cls: type) -> list[str]:
@@ -46,6 +63,8 @@ def _check_keys(cls: type, data: Any, prefix: str) -> None:
     valid = _dataclass_keys(cls)
     for key, value in data.items():
         path = f"{prefix}{key}"
+        if key not in valid and path in RENAMED:
+            raise ConfigError(f"config key '{path}' was removed: {RENAMED[path]}")
         if key not in valid:
             close = difflib.get_close_matches(str(key), valid, n=3, cutoff=0.5)
             hint = f"; did you mean {' or '.join(prefix + c for c in close)}?" if close else ""
@@ -75,12 +94,20 @@ def _parse_argv(argv: list[str]) -> tuple[str | None, list[str]]:
     return config_path, overrides
 
 
-def load_config(argv: list[str], cls: type[C]) -> C:
+def load_config(argv: list[str], cls: type[C], prog: str | None = None) -> C:
     """Build a `cls` instance from `--config FILE.yaml` plus `key=value` overrides.
 
-    Raises ConfigError naming the dotted path of an unknown key (with close matches), the
-    field and expected type of a wrongly typed value, or a missing config file.
+    Raises ConfigError naming the dotted path of an unknown key (with close matches) or the
+    new spelling of a removed one, the field and expected type of a wrongly typed value, or a
+    missing config file. With `-h` / `--help` in `argv`, prints the config help (usage line
+    naming `prog`, default: this process's script) and exits 0.
     """
+    if any(arg in HELP_FLAGS for arg in argv):
+        from arealite.config_help import config_help
+
+        sys.stdout.write(config_help(cls, prog=prog or f"python {os.path.basename(sys.argv[0]) or 'SCRIPT'}"))
+        sys.stdout.flush()
+        raise SystemExit(0)
     config_path, overrides = _parse_argv(list(argv))
     layers: list[DictConfig] = []
     if config_path is not None:
@@ -102,11 +129,43 @@ def load_config(argv: list[str], cls: type[C]) -> C:
     try:
         merged = OmegaConf.merge(schema, *layers)
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except ConfigError as e:
+        raise ConfigError(_with_real_path(str(e), cls, merged)) from e
     except (ValidationError, ConfigKeyError) as e:
         key = getattr(e, "full_key", None) or "?"
         expected = _expected_type(cls, str(key))
         msg = str(e).splitlines()[0]
         raise ConfigError(f"config field '{key}' expects {expected}: {msg}") from e
+
+
+def _failing_section(cls: type, node: Any, prefix: str = "") -> str | None:
+    """The dotted path of the innermost section whose own validation fails, or None."""
+    for f in fields(cls):
+        sub = _field_type(cls, f.name)
+        child = node.get(f.name) if sub is not None else None
+        if child is None:
+            continue
+        path = f"{prefix}{f.name}"
+        inner = _failing_section(sub, child, path + ".")
+        if inner is not None:
+            return inner
+        try:
+            OmegaConf.to_object(child)
+        except ConfigError:
+            return path
+    return None
+
+
+def _with_real_path(message: str, cls: type, merged: DictConfig) -> str:
+    """A section validates itself under one name (`actor.dtype`, `dataset.type`); name the key the
+    user wrote instead (`ref.dtype`, `valid_dataset.type`)."""
+    import re
+
+    section = _failing_section(cls, merged)
+    m = re.match(r"([A-Za-z_][\w.]*)\.(\w+)=", message)
+    if section is None or m is None or m.group(1) == section:
+        return message
+    return section + message[len(m.group(1)) :]
 
 
 def _expected_type(cls: type, dotted: str) -> str:

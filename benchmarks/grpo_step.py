@@ -88,7 +88,7 @@ def setup(s: dict) -> dict:
 
         from arealite.config import GenerationHyperparameters
         from arealite.data.arithmetic import arithmetic_reward_fn
-        from arealite.distributed import init_distributed
+        from arealite.world import init_distributed
         from arealite.reward.pool import RewardPool
         from arealite.workflow import RLVRWorkflow
 
@@ -121,7 +121,7 @@ def run(state: dict, req: dict) -> dict:
     from arealite.config import InferenceEngineConfig, MicroBatchSpec, OptimizerConfig, PPOActorConfig
     from arealite.data.arithmetic import make_arithmetic_dataset
     from arealite.data.loader import create_dataloader
-    from arealite.distributed import barrier, rank
+    from arealite.world import barrier, rank
     from arealite.rollout import RemoteSGLangEngine
     from arealite.train import PPOActor
     from arealite.types import WeightUpdateMeta
@@ -138,11 +138,12 @@ def run(state: dict, req: dict) -> dict:
     rollout.update_weights(WeightUpdateMeta(type="disk", path=s["model"], version=0)).result()  # the initial weights
     actor = PPOActor(
         PPOActorConfig(
-            path=s["model"], group_size=s["group_size"], optimizer=OptimizerConfig(lr=s["lr"], gradient_clipping=1.0),
+            path=s["model"], optimizer=OptimizerConfig(lr=s["lr"], gradient_clipping=1.0),
             mb_spec=MicroBatchSpec(max_tokens_per_mb=s.get("max_tokens_per_mb")),
             use_decoupled_loss=k > 0,  # stale samples: the decoupled loss, as configs/gsm8k_grpo.yaml
             **s.get("actor", {}),
-        )
+        ),
+        workflow.gconfig,  # the group size, budget and temperature the workflow samples with
     ).initialize()  # fmt: skip
     workdir = tempfile.mkdtemp(dir=s["workdir"])
     times, phases, rewards, lengths, stale = [], [], [], [], Counter()

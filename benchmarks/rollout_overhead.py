@@ -102,18 +102,13 @@ def start_stub(delay: float):
     """The stub in a subprocess; returns (process, address) once /health answers."""
     import subprocess
 
-    from arealite.server.process import free_port
+    from arealite.utils.net import free_ports, wait_healthy
 
-    port = free_port()
+    port = free_ports(1)[0]
     cmd = [sys.executable, os.path.abspath(__file__), "--serve-stub", str(port), "--stub-delay", str(delay)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc, f"127.0.0.1:{port}"
-        except OSError:
-            time.sleep(0.1)
+    if wait_healthy(f"127.0.0.1:{port}", timeout=60, alive=lambda: proc.poll() is None, interval=0.1):
+        return proc, f"127.0.0.1:{port}"
     proc.kill()
     raise RuntimeError(f"the stub server did not answer /health on port {port}")
 

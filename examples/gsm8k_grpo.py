@@ -25,19 +25,19 @@ from transformers import AutoTokenizer
 
 from arealite.config import GRPOConfig, load_config, save_config
 from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
-from arealite.distributed import barrier, init_distributed
+from arealite.world import barrier, init_distributed
 from arealite.eval import Evaluator
 from arealite.eval.task import held_out_records, reward_fn_for
 from arealite.reward.pool import RewardPool
 from arealite.rollout import RemoteSGLangEngine
 from arealite.rollout.dynamic_sampling import DynamicSampler
 from arealite.train import PPOActor, PPOCritic, ReferenceModel
-from arealite.utils.recover import EngineGroup, Recover
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.stats_tracker import StatsTracker
-from arealite.utils.timing import StepTimer
-from arealite.utils.data_feed import DataFeed
-from arealite.utils.training_stats import batch_stats
+from arealite.recover import EngineGroup, Recover
+from arealite.stats.logger import StatsLogger
+from arealite.stats.tracker import StatsTracker
+from arealite.stats.timer import StepTimer
+from arealite.data.feed import DataFeed
+from arealite.stats.batch import batch_stats
 from arealite.utils.weight_sync import init_weight_update, sync_weights
 from arealite.workflow import RLVRWorkflow
 
@@ -58,10 +58,10 @@ def main(argv: list[str]) -> None:
 
     rollout = RemoteSGLangEngine(config.rollout)
     rollout.initialize()
-    actor = PPOActor(config.actor, config.total_train_steps)
+    actor = PPOActor(config.actor, config.gconfig, config.total_train_steps)
     actor.initialize()
     critic = PPOCritic(config.critic, config.total_train_steps).initialize() if config.critic else None
-    ref = ReferenceModel(config.ref).initialize() if config.ref else None
+    ref = ReferenceModel(config.ref, config.gconfig).initialize() if config.ref else None
     reward_fn = reward_fn_for(config)
     reward_pool = RewardPool(max_workers=2)  # shared by training and evaluation
     feed = DataFeed(loader)  # remembers prompts handed out but not yet trained (exact recovery)
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
                     batch = rollout.rollout_batch(next(prompt_batches), workflow)
             with timer("train"):
                 if ref is not None:  # the KL term's anchor
-                    batch["ref_logp"] = ref.compute_logp(batch, config.actor.temperature)
+                    batch["ref_logp"] = ref.compute_logp(batch)
                 if critic is not None:  # PPO: advantages by GAE on the critic's values
                     batch["values"] = critic.compute_values(batch)
                 stats.update(batch_stats(tracker, batch, version))  # before compute_advantages edits loss_mask

@@ -25,17 +25,17 @@ from transformers import AutoTokenizer
 
 from arealite.config import ConfigError, GRPOConfig, load_config, save_config
 from arealite.data.loader import create_dataloader, load_records
-from arealite.distributed import all_reduce, barrier, init_distributed
+from arealite.world import all_reduce, barrier, init_distributed
 from arealite.eval.evaluator import eval_gconfig
 from arealite.eval.task import held_out_records, reward_fn_for
 from arealite.reward.pool import RewardPool
 from arealite.rollout import RemoteSGLangEngine
 from arealite.train import PPOActor
 from arealite.utils.imports import import_object
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.stats_tracker import StatsTracker
-from arealite.utils.timing import StepTimer
-from arealite.utils.training_stats import batch_stats
+from arealite.stats.logger import StatsLogger
+from arealite.stats.tracker import StatsTracker
+from arealite.stats.timer import StepTimer
+from arealite.stats.batch import batch_stats
 from arealite.utils.weight_sync import init_weight_update, sync_weights
 from arealite.workflow import ToolUseWorkflow
 from arealite.workflow.tools import DisabledTool
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
     with (
         RewardPool(max_workers=2) as reward_pool,
         RemoteSGLangEngine(config.rollout) as rollout,
-        PPOActor(config.actor, config.total_train_steps) as actor,
+        PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
     ):
         workflow = ToolUseWorkflow(reward_fn, config.gconfig, tokenizer, tools, turns, reward_pool)
         with_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, tools, turns, reward_pool)

@@ -60,9 +60,127 @@ def test_optional_sub_config_and_roundtrip(tmp_path):
     assert again == cfg
 
 
-def test_training_temperature_must_match_sampling_temperature():
-    with pytest.raises(ConfigError, match=r"actor\.temperature=1\.0 differs from gconfig\.temperature=0\.7; set actor\.temperature=0\.7"):
-        load_config(["gconfig.temperature=0.7"], GRPOConfig)
-    cfg = load_config(["gconfig.temperature=0.7", "actor.temperature=0.7"], GRPOConfig)
-    assert cfg.actor.temperature == 0.7
-    assert load_config(["gconfig.temperature=0.0"], GRPOConfig).gconfig.temperature == 0.0  # greedy: nothing to match
+def test_sampling_facts_are_stated_once_in_gconfig():
+    # group size, temperature and budget live only in gconfig; the trainer reads them from there
+    cfg = load_config(["gconfig.temperature=0.7", "gconfig.group_size=3"], GRPOConfig)
+    assert cfg.gconfig.logprob_temperature == 0.7 and cfg.gconfig.group_size == 3
+    assert not any(hasattr(cfg.actor, k) for k in ("group_size", "temperature", "max_new_tokens", "adv_norm"))
+    greedy = load_config(["gconfig.temperature=0.0"], GRPOConfig).gconfig
+    assert greedy.logprob_temperature == 1.0  # servers report temperature-1 logprobs for greedy samples
+
+
+@pytest.mark.parametrize(
+    "override, new",
+    [
+        ("actor.group_size=8", "gconfig.group_size"),
+        ("actor.temperature=0.7", "gconfig.temperature"),
+        ("actor.max_new_tokens=16", "gconfig.max_new_tokens"),
+        ("actor.adv_norm=group_baseline_batch", "group_baseline_batch -> group_norm=mean whiten_advantages=true"),
+    ],
+)
+def test_removed_keys_fail_naming_the_new_spelling(tmp_path, override, new):
+    with pytest.raises(ConfigError, match=f"config key '{override.split('=')[0]}' was removed: .*{new}"):
+        load_config([override], GRPOConfig)
+    key, value = override.split("=")
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=f"'{key}' was removed"):  # in a YAML file too
+        load_config(["--config", write(tmp_path, f"{section}:\n  {name}: {value}\n")], GRPOConfig)
+
+
+def test_every_config_field_has_help_text():
+    import dataclasses
+    import typing
+
+    from arealite.config_help import field_help
+
+    missing, seen, todo = [], set(), [GRPOConfig]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        for name, text in field_help(cls).items():
+            if not text:
+                missing.append(f"{cls.__name__}.{name}")
+        for tp in typing.get_type_hints(cls).values():
+            todo += [a for a in typing.get_args(tp) or (tp,) if isinstance(a, type) and dataclasses.is_dataclass(a)]
+    assert len(seen) > 10, sorted(c.__name__ for c in seen)  # the walk reached the nested sections
+    assert not missing, f"fields without a trailing comment (their --help text): {missing}"
+
+
+def test_help_prints_every_field_with_default_and_help_and_exits_zero(capsys):
+    from arealite.config_help import leaf_fields
+
+    with pytest.raises(SystemExit) as exit_info:
+        load_config(["--config", "does-not-matter.yaml", "--help"], GRPOConfig)
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    rows = leaf_fields(GRPOConfig)
+    assert len(rows) > 100
+    for name, tp, default, help_text in rows:
+        assert f"  {name}: {tp} = {default!r}\n      {help_text}\n" in out, name
+    assert "  gconfig.group_size: int = 4\n      samples per prompt" in out
+
+
+def test_field_help_reads_trailing_comments_and_their_continuations():
+    import dataclasses
+
+    from arealite.config_help import field_help
+
+    @dataclasses.dataclass
+    class Demo:
+        a: int = 1  # first line
+        # and its continuation
+        b: str = "#"  # a '#' in the default is not a comment
+
+        c: list[int] = dataclasses.field(
+            default_factory=list
+        )  # on the closing line
+        d: float = 0.0
+
+    assert field_help(Demo) == {
+        "a": "first line and its continuation", "b": "a '#' in the default is not a comment",
+        "c": "on the closing line", "d": "",
+    }  # fmt: skip
+
+
+def test_help_on_the_example_and_through_the_launchers_exits_zero():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = "examples/gsm8k_grpo.py"
+    commands = {
+        "example": [sys.executable, script, "--help"],
+        "local, after SCRIPT": [sys.executable, "-m", "arealite.launcher.local", script,
+                                "--config", "configs/tiny_cpu.yaml", "--help"],
+        "slurm, after SCRIPT": [sys.executable, "-m", "arealite.launcher.slurm", script, "-h"],
+        "local, before SCRIPT": [sys.executable, "-m", "arealite.launcher.local", "--help"],
+    }  # fmt: skip
+    for what, cmd in commands.items():
+        proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, (what, proc.stderr[-2000:])
+        if "before" in what:
+            assert proc.stdout.startswith("usage: python -m arealite.launcher.local") and "SCRIPT --help" in proc.stdout
+        else:
+            assert "  gconfig.group_size: int = 4\n      samples per prompt" in proc.stdout, what
+            assert "  actor.group_norm: str = 'mean_std'" in proc.stdout, what
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["ref.path=/m", "ref.dtype=float16"], "ref.dtype='float16' is not supported"),
+        (["critic.dtype=x"], "critic.dtype='x' is not supported"),
+        (["valid_dataset.type=bad"], "valid_dataset.type='bad' is not supported"),
+        (["actor.mb_spec.n_mbs=0"], "actor.mb_spec.n_mbs=0 must be > 0"),
+        (["actor.dtype=x"], "actor.dtype='x' is not supported"),
+        (["weight_update=bad"], "weight_update='bad' is not supported"),
+    ],
+)
+def test_validation_errors_name_the_key_the_user_wrote(overrides, message):
+    # a section class validates itself under one name; the error names the section actually set
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides, GRPOConfig)
+    assert str(info.value).startswith(message), str(info.value)

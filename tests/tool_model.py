@@ -37,7 +37,7 @@ def train_tool_model(base_dir: str, out_dir: str, max_steps: int = 200) -> str:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # ~10x faster than 2 threads on a busy 2-core machine at this size
     try:
-        with FSDPEngine(config, total_train_steps=max_steps) as engine:
+        with FSDPEngine(config, total_optimizer_steps=max_steps) as engine:
             for _ in range(max_steps):
                 stats = sft_step(engine, batch)
                 if stats["loss"] < 0.01:  # every token's probability above ~0.99: greedy decoding reproduces them

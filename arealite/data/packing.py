@@ -1,6 +1,6 @@
 """Packing padded trajectory batches into one token stream, and splitting them by a token budget.
 
-A batch (DESIGN §5) is right-padded `[B, T]`. Its packed form concatenates the real tokens
+A batch (docs/architecture.md §5) is right-padded `[B, T]`. Its packed form concatenates the real tokens
 of every row without padding: per-token keys become `[N]` (N = total real tokens),
 per-sequence keys (`rewards` [B]) stay as they are, and three keys are added:
 `cu_seqlens` (int32 [B+1], sequence boundaries), `position_ids` ([N], restarting at 0 for

@@ -3,7 +3,7 @@
 Each trainer rank evaluates its shard of the held-out records (k seeded samples per prompt at
 `evaluator.temperature`) and the per-prompt metrics are summed over ranks, so every rank
 returns the same numbers. Sampling seeds derive from `evaluator.seed`, the record id, the
-sample index and the weight version (`arealite.utils.seeding`): the standalone
+sample index and the weight version (`arealite.workflow.seeding`): the standalone
 `python -m arealite.eval` on the saved weights of version v draws the same samples and
 reproduces the in-training number.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.config import EvaluatorConfig, GenerationHyperparameters
 from arealite.eval.metrics import extract_answer, prompt_metrics
 from arealite.workflow import RLVRWorkflow
@@ -76,7 +76,7 @@ class Evaluator:
                     sums[name] += value
         names = sorted(sums)
         totals = torch.tensor([sums[n] for n in names] + [len(self.records)], dtype=torch.float64)
-        dist_utils.all_reduce(totals, "sum")
+        world.all_reduce(totals, "sum")
         n = totals[-1].item()
         if n != self.n_prompts:
             raise RuntimeError(f"evaluated {n:.0f} of {self.n_prompts} prompts: a reward failed for some (see the workflow stats)")

@@ -19,6 +19,10 @@ from arealite.launcher.signals import Interrupted, raising_on_signals
 from arealite.launcher.supervision import LaunchError, log
 
 USAGE = "usage: python -m arealite.launcher.{name} {options}SCRIPT --config CFG.yaml [key=value ...]"
+HELP = (
+    "\nRuns SCRIPT in every trainer rank beside the inference servers the config asks for.\n"
+    "Every config field, with its default and help: python -m arealite.launcher.{name} SCRIPT --help\n"
+)
 
 
 @dataclass
@@ -33,6 +37,10 @@ def parse_launch_args(argv: list[str], name: str, allowed_options: tuple[str, ..
     """Split launcher flags, SCRIPT and the trainer's argv; load the config. Raises ConfigError."""
     options: set[str] = set()
     rest = list(argv)
+    if rest and rest[0] in ("-h", "--help"):  # before SCRIPT: the launcher's own usage
+        opts = "".join(f"[{o}] " for o in allowed_options)
+        print(USAGE.format(name=name, options=opts) + HELP.format(name=name), end="", flush=True)
+        raise SystemExit(0)
     while rest and rest[0].startswith("--"):
         if rest[0] not in allowed_options:
             opts = "".join(f"[{o}] " for o in allowed_options)
@@ -44,7 +52,8 @@ def parse_launch_args(argv: list[str], name: str, allowed_options: tuple[str, ..
     script, trainer_args = rest[0], rest[1:]
     if not os.path.isfile(script):
         raise ConfigError(f"training script {script!r} does not exist (cwd: {os.getcwd()})")
-    config = load_config(trainer_args, GRPOConfig)
+    # after SCRIPT, --help prints every config field and exits 0
+    config = load_config(trainer_args, GRPOConfig, prog=f"python -m arealite.launcher.{name} {script}")
     return LaunchArgs(script=script, trainer_args=trainer_args, config=config, options=options)
 
 

@@ -19,12 +19,12 @@ import time
 
 from arealite.config import ConfigError, GRPOConfig
 from arealite.devices import check_gpus_for_ranks, requested_train_device
-from arealite.launcher import ports
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, stop_all
 from arealite.launcher.server_cmd import resolve_backend, server_command, visible_gpus
 from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import SupervisedServer, log, prepare_run_dir, record_process
+from arealite.utils import net
 
 HOST = "127.0.0.1"
 POLL_INTERVAL = 0.5  # seconds between supervision steps
@@ -86,7 +86,7 @@ def trainer_command(args: LaunchArgs, master_port: int) -> list[str]:
 
 
 def trainer_env(server_addrs: list[str], master_port: int, gpus: list[str] | None, threads: int = 1) -> dict[str, str]:
-    env = dict(os.environ, AREAL_LLM_SERVER_ADDRS=",".join(server_addrs))
+    env = {**os.environ, net.SERVER_ADDRS_ENV: ",".join(server_addrs)}
     # torch threads per trainer rank = its reserved CPUs (torchrun's default of 1 for several
     # ranks; a lone rank would take every core and, beside the servers, spin-wait on them:
     # the CPU main job ran 2.4x slower with 2 threads on 2 cores shared with other jobs,
@@ -117,7 +117,7 @@ class LocalRun:
 
     def start_servers(self, backend: str, gpus: list[list[str]] | None) -> None:
         launcher = self.config.launcher
-        for i, port in enumerate(ports.free_ports(launcher.n_servers, HOST)):
+        for i, port in enumerate(net.free_ports(launcher.n_servers, HOST)):
             env = dict(os.environ)
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
@@ -143,7 +143,7 @@ class LocalRun:
             time.sleep(0.3)
 
     def start_trainer(self, gpus: list[str] | None) -> None:
-        master_port = ports.free_ports(1, HOST, exclude={s.port for s in self.servers})[0]
+        master_port = net.free_ports(1, HOST, exclude={s.port for s in self.servers})[0]
         addrs = [s.addr for s in self.servers]
         self.trainer = ManagedProcess(
             "trainer",

@@ -26,13 +26,13 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from arealite.config import GRPOConfig
-from arealite.launcher import ports
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.local import POLL_INTERVAL
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, with_package_path
 from arealite.launcher.server_cmd import server_command
 from arealite.launcher.signals import reclaim_signals, signals_ignored
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, prepare_run_dir, record_process
+from arealite.utils import net
 
 CALL_TIMEOUT = 60.0  # seconds for one actor call; Ray can otherwise wait forever
 # Driver variables every actor gets: Ray workers start from their raylet's environment, not
@@ -55,7 +55,7 @@ class ServerActor:
         self.name = f"server-{index}"
         host = host or ray.util.get_node_ip_address()
         record_process(run_dir, f"actor:{self.name}", os.getpid())
-        port = ports.free_ports(1, host)[0]
+        port = net.free_ports(1, host)[0]
         launcher = config.launcher
         self.server = SupervisedServer(
             name=self.name,
@@ -99,7 +99,7 @@ class TrainerActor:
         return self.host
 
     def free_port(self) -> int:
-        return ports.free_ports(1, self.host)[0]
+        return net.free_ports(1, self.host)[0]
 
     def start(self, cmd: list[str], env: dict[str, str], cwd: str) -> int:
         log_path = os.path.join(self.run_dir, "logs", f"trainer-{self.rank}.log")
@@ -221,7 +221,7 @@ class RayRun:
         for rank, (actor, node) in enumerate(zip(self.trainers, nodes)):
             same_node = [r for r in range(n) if nodes[r] == node]
             env = {
-                "AREAL_LLM_SERVER_ADDRS": ",".join(addrs),
+                net.SERVER_ADDRS_ENV: ",".join(addrs),
                 "RANK": str(rank), "WORLD_SIZE": str(n),
                 "LOCAL_RANK": str(same_node.index(rank)), "LOCAL_WORLD_SIZE": str(len(same_node)),
                 "MASTER_ADDR": nodes[0], "MASTER_PORT": str(master_port),

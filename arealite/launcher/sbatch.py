@@ -14,6 +14,7 @@ import sys
 
 from arealite.config import GRPOConfig
 from arealite.launcher.process import with_package_path
+from arealite.utils import net
 
 
 def _header(config: GRPOConfig, role: str, run_dir: str) -> list[str]:
@@ -68,7 +69,7 @@ def _wait_for_addresses(n_servers: int, run_dir: str, timeout: float) -> list[st
         "  fi",
         "  sleep 1",
         "done",
-        f"export AREAL_LLM_SERVER_ADDRS=$(cat {files} | paste -sd, -)",
+        f"export {net.SERVER_ADDRS_ENV}=$(cat {files} | paste -sd, -)",
     ]
 
 
@@ -89,8 +90,7 @@ def trainer_script(
     lines += _wait_for_addresses(launcher.n_servers, run_dir, launcher.server_start_timeout + 600)
     lines += [
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"export MASTER_PORT=$({shlex.quote(python)} -c "
-        "'import socket; s = socket.socket(); s.bind((\"\", 0)); print(s.getsockname()[1])')",
+        f"export MASTER_PORT=$({shlex.quote(python)} -m arealite.utils.net free-port)",
     ]
     torchrun = [
         python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",

@@ -18,11 +18,11 @@ import sys
 import time
 
 from arealite.config import GRPOConfig, load_config
-from arealite.launcher import ports
 from arealite.launcher.server_cmd import server_command
 from arealite.launcher.launch_args import exit_code
 from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import SupervisedServer, record_process
+from arealite.utils import net
 
 POLL_INTERVAL = 0.5
 
@@ -45,7 +45,7 @@ def serve(config: GRPOConfig, run_dir: str, backend: str, index: int) -> None:
     name = f"server-{index}"
     record_process(run_dir, f"supervisor:{name}", os.getpid())
     host = socket.gethostbyname(socket.gethostname())
-    port = ports.free_ports(1, host)[0]
+    port = net.free_ports(1, host)[0]
     server = SupervisedServer(
         name=name,
         cmd=server_command(config, host, port, backend),

@@ -2,7 +2,7 @@
 
 On GPUs the launchers run real SGLang (`python -m sglang.launch_server`); everywhere else the
 built-in server (`python -m arealite.server`, SGLang's protocol on transformers). Both take
-the same flag names for what they share (SGLANG_PROTOCOL.md §5). CUDA is detected without
+the same flag names for what they share (docs/protocol.md §5). CUDA is detected without
 importing torch: from CUDA_VISIBLE_DEVICES, else from `nvidia-smi -L`.
 """
 

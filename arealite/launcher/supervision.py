@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 
 from arealite.config import GRPOConfig, save_config
-from arealite.launcher import health, ports
 from arealite.launcher.process import LaunchError, ManagedProcess, describe_exit, tail
+from arealite.utils import net
 
 
 def log(msg: str) -> None:
@@ -86,7 +86,7 @@ class SupervisedServer:
 
     def start(self) -> None:
         """Start the process (non-blocking); it counts as starting until `/health` answers."""
-        if not ports.wait_port_free(self.host, self.port, timeout=10.0):
+        if not net.wait_port_free(self.host, self.port, timeout=10.0):
             raise LaunchError(f"{self.name}: port {self.addr} is in use by another process; cannot start here")
         self._proc.start()
         self.healthy = False
@@ -116,7 +116,7 @@ class SupervisedServer:
             return
         if self.healthy:
             return
-        if health.probe(self.addr, timeout=2.0):
+        if net.probe(self.addr, timeout=2.0):
             self.healthy = self.ever_healthy = True
             log(f"{self.name} is healthy at {self.addr} (pid {self._proc.pid})")
         elif time.monotonic() > self._deadline:

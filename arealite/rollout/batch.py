@@ -1,4 +1,4 @@
-"""Padded trajectory batches (DESIGN.md §5): building them from token lists and stacking them.
+"""Padded trajectory batches (docs/architecture.md §5): building them from token lists and stacking them.
 
 A batch is a dict of tensors. Per-token tensors are `[B, T]`, right-padded; per-sequence
 tensors are `[B]`. `versions` pads with -1 (no policy produced a pad), everything else with 0.

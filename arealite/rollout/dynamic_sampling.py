@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from arealite.rollout.batch import concat_padded
-from arealite.utils.data_feed import INDEX_KEY, DataFeed
+from arealite.data.feed import INDEX_KEY, DataFeed
 
 Batch = dict[str, torch.Tensor]
 MAX_SAMPLED_BATCHES = 8  # a step samples at most this many batches' worth of prompts looking for signal

@@ -1,6 +1,6 @@
 """`WorkflowExecutor`: runs rollout workflows on the engine's event loop under a staleness bound.
 
-Staleness (DESIGN.md §3, as in AReaL): with `max_head_offpolicyness = k`, batch size `B` and
+Staleness (docs/architecture.md §3.2, as in AReaL): with `max_head_offpolicyness = k`, batch size `B` and
 current version `v`, a queued episode may start only while
 
     accepted + running < (k + (v - v0) + 1) * B        (v0: the version when counting began)

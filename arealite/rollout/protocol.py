@@ -1,7 +1,7 @@
 """SGLang's native /generate protocol: building request bodies and parsing replies.
 
 Pure functions, tolerant of the differences between SGLang 0.5.5 and 0.5.23 listed in
-docs SGLANG_PROTOCOL.md §7: token ids come from `meta_info.output_token_logprobs` when the
+docs/protocol.md §7: token ids come from `meta_info.output_token_logprobs` when the
 top-level `output_ids` is absent, every `meta_info` key except `id` and `finish_reason` is
 optional, unknown keys are ignored, and no `null` value is ever sent.
 """

@@ -13,9 +13,9 @@ offers:
 - `pause / resume / update_weights / init_weights_update_group / set_version`: the server
   side of a weight sync. `config.pause_mode` decides what happens to requests in flight:
   `abort` interrupts them (they are resubmitted after `resume`); `in_place` and `retract`
-  (SGLang 0.5.6+, §2.1) keep them on the server, where they continue with the new weights.
+  (SGLang 0.5.6+, docs/protocol.md §2.1) keep them on the server, where they continue with the new weights.
 
-Works against the built-in server and real SGLang 0.5.5-0.5.23 (SGLANG_PROTOCOL.md §7).
+Works against the built-in server and real SGLang 0.5.5-0.5.23 (docs/protocol.md §7).
 It deliberately does not stream, send `rid`s, or use `n > 1` (§1.4: n>1 reassigns rids).
 """
 

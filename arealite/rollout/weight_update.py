@@ -1,6 +1,6 @@
 """The server side of a weight sync: the HTTP calls that load new weights on every server.
 
-disk (SGLANG_PROTOCOL.md §3.2): POST /update_weights_from_disk with the folder the trainer
+disk (docs/protocol.md §3.2): POST /update_weights_from_disk with the folder the trainer
 wrote. distributed (§3.3-3.4): each server joins the trainer's process group once
 (/init_weights_update_group, rank 1 + i), then every sync sends one
 /update_weights_from_distributed per bucket while the trainer's rank 0 broadcasts it.

@@ -3,7 +3,7 @@
     python -m arealite.server --model-path DIR [--host 127.0.0.1] [--port 30000] [--random-seed S]
     arealite.server.process.launch_server_process(DIR) -> ServerProcess  (tests, notebooks)
 
-It mimics SGLang **0.5.23** (docs/SGLANG_PROTOCOL.md; where versions differ, 0.5.23 wins):
+It mimics SGLang **0.5.23** (docs/protocol.md; where versions differ, 0.5.23 wins):
 * `/generate` single and batch, `text` or `input_ids`, `n > 1` (fresh rids, grouped by
   prompt), `stream` (cumulative chunks as 0.5.6+, `index` on batch chunks, `data: [DONE]`),
   logprob triples `[logprob, id, text|null]`, `top_logprobs_num`, `logprob_start_len`.
@@ -31,7 +31,7 @@ Deliberate differences from SGLang:
 * An aborted running request answers at once (SGLang runs one more forward step first).
 * No prefix cache: `cached_tokens` is 0 and `/flush_cache` only applies SGLang's refusal rule.
 * Logprobs are log_softmax(logits / T) after penalties, before top-k/top-p/min-p truncation
-  (DESIGN §3); greedy reports temperature-1 logprobs, as SGLang's greedy rewrite does.
+  (docs/architecture.md §3.1); greedy reports temperature-1 logprobs, as SGLang's greedy rewrite does.
 * `ignore_eos` drops only the model's EOS ids; `stop_token_ids` always apply.
 * With `n > 1` and a `sampling_seed`, copy i uses seed + i (otherwise the copies would be equal).
 * A missing weight-update group is a clean 400 (SGLang asserts in its scheduler).

@@ -1,4 +1,4 @@
-"""Pause, continue, abort and cache-flush endpoints (SGLANG_PROTOCOL.md §2, §3.8).
+"""Pause, continue, abort and cache-flush endpoints (docs/protocol.md §2, §3.8).
 
 Bodies follow 0.5.23: `/pause_generation` and `/continue_generation` REQUIRE a JSON body
 (`{}` is fine; an empty body is a 400, as FastAPI's "Field required"), so a client that

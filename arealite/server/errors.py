@@ -1,4 +1,4 @@
-"""SGLang's error statuses and bodies (SGLANG_PROTOCOL.md §6), as aiohttp responses.
+"""SGLang's error statuses and bodies (docs/protocol.md §6), as aiohttp responses.
 
 Three 400 shapes coexist in SGLang 0.5.23 and clients key on them:
 * a ValueError while handling a request: `{"error": {"message": ...}}`;

@@ -3,7 +3,7 @@
 Non-stream: one result object (single prompt, n == 1) or a JSON array in expanded-batch
 order. Stream: `data: <chunk>\\n\\n` per token with cumulative `text`/`output_ids`/logprobs
 (0.5.6+ default), batch chunks carrying `index`, then `data: [DONE]\\n\\n`; validation
-errors found after the contract check arrive in-band with status 200 (§1.8).
+errors found after the contract check arrive in-band with status 200 (docs/protocol.md §1.8).
 """
 
 from __future__ import annotations

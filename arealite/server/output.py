@@ -1,4 +1,4 @@
-"""Turning a request's state into SGLang's result object (SGLANG_PROTOCOL.md §1.6).
+"""Turning a request's state into SGLang's result object (docs/protocol.md §1.6).
 
 `output_ids` keep the EOS / stop token and any stop-string tokens; `text` drops a matched
 stop token id and cuts at a matched stop string unless `no_stop_trim`. Logprob triples are

@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,12 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free on `host` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+from arealite.utils.net import free_ports, probe
 
 
 class ServerStartError(RuntimeError):
@@ -112,14 +106,6 @@ def _stop_running() -> None:
         server.stop(timeout=5.0)
 
 
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def launch_server_process(
     model_path: str,
     port: int | None = None,
@@ -134,7 +120,7 @@ def launch_server_process(
     `env` entries are added to the current environment (OMP_NUM_THREADS defaults to 1).
     Raises ServerStartError with the log tail if the process exits or `timeout` passes.
     """
-    port = port or free_port(host)
+    port = port or free_ports(1, host)[0]
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix=f"arealite_server_{port}_", suffix=".log")
         os.close(fd)
@@ -153,7 +139,7 @@ def launch_server_process(
         while time.monotonic() < deadline:
             if not server.is_alive():
                 raise ServerStartError(f"server exited with code {proc.returncode}; log {log_path}:\n{server.log_tail()}")
-            if _healthy(server.url):
+            if probe(server.address, timeout=2.0):
                 return server
             time.sleep(0.2)
         raise ServerStartError(f"server not healthy after {timeout} s; log {log_path}:\n{server.log_tail()}")

@@ -3,7 +3,7 @@
 Unknown top-level keys are ignored; unknown `sampling_params` keys and wrong JSON types are
 contract errors (0.5.22+); `null` sampling values mean "default" (0.5.16+). Batch forms
 (`text: [..]`, `input_ids: [[..]]`, per-item lists) and `n > 1` expand to one item per
-generated sequence, grouped by prompt, with SGLang's rid rules (§1.3, §1.4).
+generated sequence, grouped by prompt, with SGLang's rid rules (docs/protocol.md §1.3, §1.4).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import torch
 
 from arealite.server.sampling import SamplingParams
 
-# finish_reason objects exactly as SGLang serializes them (SGLANG_PROTOCOL.md §1.6).
+# finish_reason objects exactly as SGLang serializes them (docs/protocol.md §1.6).
 ABORT_RUNNING = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 ABORT_WAITING = {"type": "abort", "message": "Abort in waiting queue"}
 

@@ -1,6 +1,6 @@
 """Sampling parameters (SGLang's `sampling_params`, 0.5.23 semantics) and the batched sampler.
 
-Logprobs follow DESIGN §3: log_softmax(logits / temperature) at the chosen token, after the
+Logprobs follow docs/architecture.md §3.1: log_softmax(logits / temperature) at the chosen token, after the
 frequency/presence/repetition penalties and the min_new_tokens stop-token mask, but BEFORE
 top-k/top-p/min-p truncation, so a trainer recomputing log_softmax(logits / T) at the same
 weights gets the same numbers. Greedy (temperature < 1e-6) is argmax and reports logprobs at

@@ -1,6 +1,6 @@
 """What the HTTP handlers share: the model, tokenizer, scheduler, and the pause/update gate.
 
-`Gate` is SGLang's pause flag plus its model-update read/write lock (§2.5, §3.1) in one
+`Gate` is SGLang's pause flag plus its model-update read/write lock (docs/protocol.md §2.5, §3.1) in one
 asyncio condition, so "not paused and no update pending" is checked and a reader counted
 atomically: a generate call holds a read slot from submission until it is answered; a
 weight update takes the write slot (waiting for in-flight requests; new ones queue behind

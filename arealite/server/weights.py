@@ -1,4 +1,4 @@
-"""Weight updates: from disk, and over torch.distributed from a trainer (SGLANG_PROTOCOL.md §3).
+"""Weight updates: from disk, and over torch.distributed from a trainer (docs/protocol.md §3).
 
 Distributed: `/init_weights_update_group` joins a stand-alone group as rank `rank_offset`
 (`arealite.utils.process_group`; the trainer's rank 0 hosts the store and is the broadcast

@@ -49,7 +49,7 @@ def run_warm_start(config: GRPOConfig) -> str:
             optimizer=OptimizerConfig(lr=sft.lr, gradient_clipping=1.0),
             mb_spec=MicroBatchSpec(max_tokens_per_mb=config.actor.mb_spec.max_tokens_per_mb),
         ),
-        total_train_steps=sft.steps,
+        total_optimizer_steps=sft.steps,
     ).initialize()
     tokenizer = AutoTokenizer.from_pretrained(sft.base_path)
     records = load_records(config.train_dataset, split="train", seed=config.seed)

@@ -1,6 +1,6 @@
 """PPOActor: the policy under training — recomputed logprobs, advantages, and the PPO update.
 
-Typical step (DESIGN §1), every call collective over trainer ranks:
+Typical step (docs/architecture.md §1), every call collective over trainer ranks:
 
     actor.compute_advantages(batch)          # writes batch["advantages"] (and "returns")
     stats = actor.ppo_update(batch)          # one dict per optimizer step (ppo_n_minibatches)
@@ -24,12 +24,11 @@ from functools import partial
 
 import torch
 
-from arealite.algo import advantages as A
-from arealite.algo import losses as L
-from arealite.config import PPOActorConfig
-from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
+from arealite.algo.advantages import backend as advantages_backend
+from arealite.algo.losses import AGGREGATIONS, KL_ESTIMATORS, LOG_RATIOS, entropy_from_logits, kl_loss, ppo_actor_loss
+from arealite.config import GenerationHyperparameters, PPOActorConfig
+from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
-from arealite.train.data_parallel import balance_across_ranks
 from arealite.train.engine import FSDPEngine, load_causal_lm
 from arealite.train.logprobs import batch_token_logprobs, packed_token_logprobs
 
@@ -40,10 +39,23 @@ class PPOActor(FSDPEngine):
     Construct, then `initialize()` (collective) before use.
     """
 
-    def __init__(self, config: PPOActorConfig, total_train_steps: int | None = None, build_model=load_causal_lm):
+    def __init__(
+        self,
+        config: PPOActorConfig,
+        gconfig: GenerationHyperparameters | None = None,
+        total_train_steps: int | None = None,
+        build_model=load_causal_lm,
+    ):
+        if gconfig is not None and not isinstance(gconfig, GenerationHyperparameters):
+            raise TypeError(
+                f"PPOActor's second argument is the sampling config (config.gconfig: group size, temperature, "
+                f"generation budget), got {type(gconfig).__name__}; call PPOActor(config.actor, config.gconfig, "
+                "total_train_steps)"
+            )
         optimizer_steps = None if total_train_steps is None else total_train_steps * config.ppo_n_minibatches
         super().__init__(config, optimizer_steps, build_model)
         self.config: PPOActorConfig = config
+        self.gconfig = gconfig if gconfig is not None else GenerationHyperparameters()
         self._advantage_stats: dict[str, float] = {}  # of the last compute_advantages, for ppo_update
 
     @torch.no_grad()
@@ -53,7 +65,7 @@ class PPOActor(FSDPEngine):
         `out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])` from logits / temperature;
         0 at t = 0, on padding, and (when the batch has `loss_mask`) outside the loss mask.
         """
-        temp = self.config.temperature if temperature is None else temperature
+        temp = self.gconfig.logprob_temperature if temperature is None else temperature
         return batch_token_logprobs(self, batch, temp)
 
     def compute_advantages(self, batch: Batch) -> Batch:
@@ -76,11 +88,12 @@ class PPOActor(FSDPEngine):
         started = time.perf_counter()
         home = batch["loss_mask"].device
         on_device = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-        result = {k: v.to(home) for k, v in estimate_advantages(on_device, cfg).items()}  # .to(home) waits for it
+        estimated = estimate_advantages(on_device, cfg, self.gconfig)
+        result = {k: v.to(home) for k, v in estimated.items()}  # .to(home) waits for it
         batch.update(result)
         self._advantage_stats = {
             "time/advantages": time.perf_counter() - started,
-            "advantages/backend_triton": float(A.backend(self.device) == "triton"),
+            "advantages/backend_triton": float(advantages_backend(self.device) == "triton"),
         }
         return batch
 
@@ -103,29 +116,18 @@ class PPOActor(FSDPEngine):
             elif cfg.ppo_n_minibatches > 1:  # later minibatches see moved weights: fix it now
                 batch = {**batch, "prox_logp": self.compute_logp(batch)}
             # else: no prox_logp key, and actor_loss takes its own forward's log-probs
-        if self.config.mb_spec.balance_across_ranks:
-            batch = balance_across_ranks(batch)
-        lens = seqlens_of(batch["attention_mask"]).tolist()
-        if len(lens) < cfg.ppo_n_minibatches:
-            raise ValueError(
-                f"this rank holds {len(lens)} sequences, fewer than actor.ppo_n_minibatches={cfg.ppo_n_minibatches}"
-            )
-        agg = L.AGGREGATIONS[cfg.loss_agg_mode]
-        loss_fn = partial(actor_loss, config=cfg)
+        agg = AGGREGATIONS[cfg.loss_agg_mode]
+        loss_fn = partial(actor_loss, config=cfg, temperature=self.gconfig.logprob_temperature)
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
-        out = [
-            self.train_batch(select(batch, rows), loss_fn, weight_fn)
-            for rows in balanced_partition(lens, cfg.ppo_n_minibatches)
-        ]
+        out = self.train_minibatches(batch, loss_fn, weight_fn, cfg.ppo_n_minibatches, "actor.ppo_n_minibatches")
         advantage_stats, self._advantage_stats = self._advantage_stats, {}
         return [{**stats, **advantage_stats} for stats in out]
 
 
-FSDPPPOActor = PPOActor  # the name used in DESIGN.md's loop
-
-
-def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple[torch.Tensor, dict]:
-    """The configured PPO loss on one packed micro-batch; logits [N, V].
+def actor_loss(
+    logits: torch.Tensor, mb: Batch, config: PPOActorConfig, temperature: float = 1.0
+) -> tuple[torch.Tensor, dict]:
+    """The configured PPO loss on one packed micro-batch; logits [N, V] at the sampling `temperature`.
 
     Without `mb["prox_logp"]` the old policy is this forward's own log-probs, detached:
     right only while the weights have not moved since the update began (`ppo_update` leaves
@@ -134,24 +136,24 @@ def actor_loss(logits: torch.Tensor, mb: Batch, config: PPOActorConfig) -> tuple
     dev = logits.device
     cu = mb["cu_seqlens"].to(dev)
     mask = mb["loss_mask"].to(dev).bool()
-    logp = packed_token_logprobs(logits, mb["input_ids"], cu, config.temperature)
+    logp = packed_token_logprobs(logits, mb["input_ids"], cu, temperature)
     prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()
-    agg = L.AGGREGATIONS[config.loss_agg_mode].reduce
-    loss, stats = L.ppo_actor_loss(
+    agg = AGGREGATIONS[config.loss_agg_mode].reduce
+    loss, stats = ppo_actor_loss(
         logp, prox, mb["advantages"].to(dev).float(), mask, cu,
         eps_clip=config.eps_clip, eps_clip_higher=config.eps_clip_higher, c_clip=config.c_clip,
         behav_logp=behav if config.use_decoupled_loss else None,
         behav_imp_weight_cap=config.behav_imp_weight_cap,
-        aggregate=agg, log_ratio=L.LOG_RATIOS[config.importance_sampling_level],
+        aggregate=agg, log_ratio=LOG_RATIOS[config.importance_sampling_level],
     )  # fmt: skip
     if config.kl_ctl > 0 and not config.kl_in_reward:
         if "ref_logp" not in mb:
             raise KeyError("actor.kl_ctl > 0 needs batch['ref_logp']: set it to ref.compute_logp(batch)")
-        kl, kl_stats = L.kl_loss(logp, mb["ref_logp"].to(dev).float(), mask, cu, L.KL_ESTIMATORS[config.kl_estimator], agg)
+        kl, kl_stats = kl_loss(logp, mb["ref_logp"].to(dev).float(), mask, cu, KL_ESTIMATORS[config.kl_estimator], agg)
         loss = loss + config.kl_ctl * kl
         stats.update(kl_stats)
-    entropy = _token_entropy(logits, cu, config.temperature, grad=config.entropy_coef > 0)
+    entropy = _token_entropy(logits, cu, temperature, grad=config.entropy_coef > 0)
     ent = agg(entropy, mask, cu)
     if config.entropy_coef > 0:
         loss = loss - config.entropy_coef * ent
@@ -167,10 +169,10 @@ def _token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: 
     more than one [chunk, V] fp32 softmax at a time.
     """
     if grad and torch.is_grad_enabled():
-        ent = L.entropy_from_logits(logits.float() / temperature)
+        ent = entropy_from_logits(logits.float() / temperature)
     else:
         with torch.no_grad():
-            ent = torch.cat([L.entropy_from_logits(c.float() / temperature) for c in logits.detach().split(1024)])
+            ent = torch.cat([entropy_from_logits(c.float() / temperature) for c in logits.detach().split(1024)])
     ent = torch.cat([ent.new_zeros(1), ent[:-1]])
     return ent.index_fill(0, cu_seqlens[:-1].long(), 0.0)
 

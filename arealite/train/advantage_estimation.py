@@ -7,51 +7,58 @@ Steps, each a call into `arealite.algo.advantages`:
 1. Reward shaping per sequence: `clip((r + reward_bias) * reward_scaling, ±reward_clip)`,
    plus DAPO's soft overlong penalty on responses that run into the last `overlong_tokens`
    of the budget.
-2. Group baseline (`adv_norm`): GRPO mean/std, Dr.GRPO mean only, RLOO leave-one-out, or the
-   REINFORCE++-baseline group mean (then whitened over the batch).
+2. Group baseline (`group_norm`, passed to `group_normalize` as is): GRPO mean/std
+   (`mean_std`), Dr.GRPO mean only (`mean`), RLOO leave-one-out (`rloo`), or none; groups of
+   `gconfig.group_size` consecutive rows.
 3. Token level, only when needed: with critic `values` or a KL-in-reward penalty the
    sequence score lands on its last loss token and GAE over the packed tokens gives
    advantages and returns; otherwise the score is broadcast to every loss token.
-4. `batch` / `group_baseline_batch`: whitening over all loss tokens of the batch.
+4. `whiten_advantages`: whitening over all loss tokens of the batch (after `group_norm=mean`:
+   REINFORCE++-baseline).
+
+The group size and the generation budget are facts of how the batch was sampled, so they come
+from `gconfig` (stated once in the experiment config), not from the actor's section.
 """
 
 from __future__ import annotations
 
 import torch
 
-from arealite.algo import advantages as A
+from arealite.algo.advantages import broadcast_to_tokens, gae_packed, group_normalize, masked_whiten
 from arealite.algo.losses import KL_ESTIMATORS
-from arealite.config import PPOActorConfig
+from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch, pack, unpack
 
-GROUP_MODES = {"group": "mean_std", "group_mean": "mean", "rloo": "rloo", "group_baseline_batch": "mean"}
-WHITENED = ("batch", "group_baseline_batch")
 
 
-def shaped_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor, config: PPOActorConfig) -> torch.Tensor:
-    """Scaled, biased, clipped rewards [B] with the overlong penalty added."""
+def shaped_rewards(
+    rewards: torch.Tensor, loss_mask: torch.Tensor, config: PPOActorConfig, max_new_tokens: int
+) -> torch.Tensor:
+    """Scaled, biased, clipped rewards [B] with the overlong penalty (budget `max_new_tokens`) added."""
     r = ((rewards.float() + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
     if config.overlong_tokens:
-        if config.max_new_tokens is None:
+        if config.overlong_tokens > max_new_tokens:
             raise ValueError(
-                f"actor.overlong_tokens={config.overlong_tokens} needs actor.max_new_tokens (the generation budget; "
-                "GRPOConfig fills it from gconfig.max_new_tokens)"
+                f"actor.overlong_tokens={config.overlong_tokens} exceeds the generation budget "
+                f"gconfig.max_new_tokens={max_new_tokens}; lower it"
             )
         # DAPO: linear penalty from 0 at (budget - overlong_tokens) to -factor at the budget.
-        free = config.max_new_tokens - config.overlong_tokens
+        free = max_new_tokens - config.overlong_tokens
         gen_len = loss_mask.sum(-1).float()
         excess = (gen_len - free).clamp(min=0.0)
         r = r - config.overlong_penalty_factor * (excess / config.overlong_tokens).clamp(max=1.0)
     return r
 
 
-def estimate_advantages(batch: Batch, config: PPOActorConfig) -> dict[str, torch.Tensor]:
+def estimate_advantages(
+    batch: Batch, config: PPOActorConfig, gconfig: GenerationHyperparameters
+) -> dict[str, torch.Tensor]:
     """`{"advantages": [B, T]}` (plus `"returns"` on the token-level path); zero off the loss mask.
 
     With `mask_no_eos_with_zero` also `"loss_mask"`: the batch's, without truncated responses.
     """
     loss_mask = batch["loss_mask"]
-    score = shaped_rewards(batch["rewards"], loss_mask, config)  # [B]
+    score = shaped_rewards(batch["rewards"], loss_mask, config, gconfig.max_new_tokens)  # [B]
     out: dict[str, torch.Tensor] = {}
     if config.mask_no_eos_with_zero:
         if "truncated" not in batch:
@@ -60,23 +67,23 @@ def estimate_advantages(batch: Batch, config: PPOActorConfig) -> dict[str, torch
         score = torch.where(cut, torch.zeros_like(score), score)
         loss_mask = out["loss_mask"] = loss_mask * ~cut.to(loss_mask.device)[:, None]
         batch = {**batch, "loss_mask": loss_mask}
-    if config.adv_norm in GROUP_MODES:
-        G = config.group_size
+    if config.group_norm != "none":
+        G = gconfig.group_size
         if score.shape[0] % G != 0:
             raise ValueError(
-                f"batch of {score.shape[0]} sequences is not a whole number of groups of actor.group_size={G}; "
+                f"batch of {score.shape[0]} sequences is not a whole number of groups of gconfig.group_size={G}; "
                 "keep every group's samples together on one rank"
             )
-        score = A.group_normalize(score, G, mode=GROUP_MODES[config.adv_norm], eps=config.adv_eps)
+        score = group_normalize(score, G, mode=config.group_norm, eps=config.adv_eps)
     token_level = "values" in batch or (config.kl_ctl > 0 and config.kl_in_reward)
     if token_level:
         out.update(_token_level(batch, score, config))
         adv = out["advantages"]
     else:
-        adv = A.broadcast_to_tokens(score, loss_mask)
+        adv = broadcast_to_tokens(score, loss_mask)
     mask = loss_mask.bool()
-    if config.adv_norm in WHITENED:
-        adv = A.masked_whiten(adv, mask, config.adv_eps)
+    if config.whiten_advantages:
+        adv = masked_whiten(adv, mask, config.adv_eps)
     out["advantages"] = torch.where(mask, adv, torch.zeros_like(adv)).float()
     return out
 
@@ -96,7 +103,7 @@ def _token_level(batch: Batch, score: torch.Tensor, config: PPOActorConfig) -> d
         kl = KL_ESTIMATORS[config.kl_estimator](logp, packed["ref_logp"].float())
         rewards -= config.kl_ctl * kl * mask
     values = packed["values"].float() if "values" in packed else torch.zeros_like(rewards)
-    adv, ret = A.gae_packed(rewards, values, mask, cu, config.gamma, config.lam)
+    adv, ret = gae_packed(rewards, values, mask, cu, config.gamma, config.lam)
     T = batch["loss_mask"].shape[1]
     return {"advantages": unpack(adv, cu, T), "returns": unpack(ret, cu, T)}
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from arealite import distributed as dist_utils
+from arealite import world
 
 _SCHEDULER_FILE = "scheduler.pt"
 # strict=False: the frozen parameters left out are absent on load by design; a trained one
@@ -29,9 +29,9 @@ def save_train_state(model: torch.nn.Module, optimizer, scheduler, path: str) ->
     """Write model, optimizer and scheduler state under `path`; collective."""
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=path)
-    if dist_utils.is_main() and scheduler is not None:
+    if world.is_main() and scheduler is not None:
         torch.save(scheduler.state_dict(), os.path.join(path, _SCHEDULER_FILE))
-    dist_utils.barrier()
+    world.barrier()
 
 
 def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: str) -> None:

@@ -16,10 +16,9 @@ from functools import partial
 
 import torch
 
-from arealite.algo import losses as L
+from arealite.algo.losses import AGGREGATIONS, clipped_value_loss
 from arealite.config import PPOCriticConfig
-from arealite.data.packing import Batch, balanced_partition, select, seqlens_of
-from arealite.train.data_parallel import balance_across_ranks
+from arealite.data.packing import Batch
 from arealite.train.engine import FSDPEngine
 
 
@@ -62,21 +61,11 @@ class PPOCritic(FSDPEngine):
         for key, hint in (("values", "critic.compute_values(batch)"), ("returns", "actor.compute_advantages(batch)")):
             if key not in batch:
                 raise KeyError(f"critic.ppo_update needs batch[{key!r}]; set it with {hint} first")
-        if self.config.mb_spec.balance_across_ranks:
-            batch = balance_across_ranks(batch)
-        lens = seqlens_of(batch["attention_mask"]).tolist()
-        if len(lens) < self.config.ppo_n_minibatches:
-            raise ValueError(
-                f"this rank holds {len(lens)} sequences, fewer than critic.ppo_n_minibatches="
-                f"{self.config.ppo_n_minibatches}"
-            )
-        agg = L.AGGREGATIONS[self.config.loss_agg_mode]
+        agg = AGGREGATIONS[self.config.loss_agg_mode]
         loss_fn = partial(value_loss, config=self.config)
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
-        return [
-            self.train_batch(select(batch, rows), loss_fn, weight_fn)
-            for rows in balanced_partition(lens, self.config.ppo_n_minibatches)
-        ]
+        n = self.config.ppo_n_minibatches
+        return self.train_minibatches(batch, loss_fn, weight_fn, n, "critic.ppo_n_minibatches")
 
 
 def value_loss(scores: torch.Tensor, mb: Batch, config: PPOCriticConfig) -> tuple[torch.Tensor, dict]:
@@ -84,8 +73,8 @@ def value_loss(scores: torch.Tensor, mb: Batch, config: PPOCriticConfig) -> tupl
     dev = scores.device
     cu = mb["cu_seqlens"].to(dev)
     values = packed_token_values(scores, cu)
-    loss, stats = L.clipped_value_loss(
+    loss, stats = clipped_value_loss(
         values, mb["values"].to(dev).float(), mb["returns"].to(dev).float(), mb["loss_mask"].to(dev).bool(), cu,
-        config.value_eps_clip, L.AGGREGATIONS[config.loss_agg_mode].reduce,
+        config.value_eps_clip, AGGREGATIONS[config.loss_agg_mode].reduce,
     )  # fmt: skip
     return loss, stats

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.data.packing import Batch, balanced_partition, concat, select, seqlens_of
 
 
@@ -21,15 +21,15 @@ def balance_across_ranks(batch: Batch) -> Batch:
     Every rank must pass a batch with the same keys. Returns `batch` itself on one rank.
     Raises ValueError when there are fewer sequences in total than ranks.
     """
-    world = dist_utils.world_size()
-    if world == 1:
+    n_ranks = world.world_size()
+    if n_ranks == 1:
         return batch
     local = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    gathered: list[Batch | None] = [None] * world
+    gathered: list[Batch | None] = [None] * n_ranks
     dist.all_gather_object(gathered, local)
     merged = concat([b for b in gathered if b is not None])
     lens = seqlens_of(merged["attention_mask"]).tolist()
-    if len(lens) < world:
-        raise ValueError(f"{len(lens)} sequences over all ranks cannot feed {world} trainer ranks")
-    share = balanced_partition(lens, world)[dist_utils.rank()]
+    if len(lens) < n_ranks:
+        raise ValueError(f"{len(lens)} sequences over all ranks cannot feed {n_ranks} trainer ranks")
+    share = balanced_partition(lens, n_ranks)[world.rank()]
     return select(merged, share)

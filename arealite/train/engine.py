@@ -25,13 +25,21 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.config import TrainEngineConfig
-from arealite.data.packing import Batch, pack, select, seqlens_of, split_by_token_budget, unpack
+from arealite.data.packing import Batch, balanced_partition, pack, select, seqlens_of, split_by_token_budget, unpack
+from arealite.stats.tracker import StatsTracker
 from arealite.train import varlen_attention
-from arealite.train import weights as W
+from arealite.train.data_parallel import balance_across_ranks
 from arealite.train.lr_schedule import build_scheduler
-from arealite.train.stats import StatsAccumulator
+from arealite.train.weights import (
+    WeightSpec,
+    broadcast_buckets,
+    iter_full_weights,
+    load_full_weights,
+    save_hf,
+    weight_buckets,
+)
 from arealite.types import WeightUpdateMeta
 from arealite.utils.hf_weights import read_hf_weights
 
@@ -76,8 +84,8 @@ _group = {"engines": 0, "started_by_engine": False}
 
 
 def _join_process_group() -> None:
-    if not dist_utils.is_initialized():
-        dist_utils.init_distributed()
+    if not world.is_initialized():
+        world.init_distributed()
         _group["started_by_engine"] = True
     _group["engines"] += 1
 
@@ -86,28 +94,28 @@ def _leave_process_group() -> None:
     _group["engines"] -= 1
     if _group["engines"] == 0 and _group["started_by_engine"]:
         _group["started_by_engine"] = False
-        dist_utils.destroy_distributed()
+        world.destroy_distributed()
 
 
 class FSDPEngine:
     """A sharded model, its optimizer and micro-batched forward/backward. Collective API.
 
     Construction only validates; `initialize()` joins the process group, loads and shards the
-    model and builds the optimizer. `total_train_steps` counts optimizer steps (needed by
-    warmup and decaying lr schedules). `build_model(path, attn_implementation)` lets a
+    model and builds the optimizer. `total_optimizer_steps` (needed by warmup and decaying lr
+    schedules) counts optimizer steps; the actor and critic take training steps and multiply. `build_model(path, attn_implementation)` lets a
     critic swap in a value head.
     """
 
     def __init__(
         self,
         config: TrainEngineConfig,
-        total_train_steps: int | None = None,
+        total_optimizer_steps: int | None = None,
         build_model: ModelBuilder = load_causal_lm,
     ) -> None:
         if not config.path:
             raise ValueError("TrainEngineConfig.path is empty; set it to an HF model folder (e.g. actor.path=...)")
         self.config = config
-        self.total_train_steps = total_train_steps
+        self.total_optimizer_steps = total_optimizer_steps
         self._build_model = build_model
         self._model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
@@ -123,7 +131,7 @@ class FSDPEngine:
         _join_process_group()
         self._in_process_group = True
         config = self.config
-        self.device = dist_utils.device()
+        self.device = world.device()
         self.compute_dtype = self._compute_dtype(config.dtype)
         model = self._build_model(config.path, _attn_implementation(self.device, self.compute_dtype))
         self.hf_config = model.config
@@ -144,7 +152,7 @@ class FSDPEngine:
                 trainable, lr=opt.lr, betas=(opt.beta1, opt.beta2), eps=opt.eps,
                 weight_decay=opt.weight_decay,
             )  # fmt: skip
-            self.scheduler = build_scheduler(self.optimizer, opt, self.total_train_steps)
+            self.scheduler = build_scheduler(self.optimizer, opt, self.total_optimizer_steps)
         return self
 
     @property
@@ -195,7 +203,7 @@ class FSDPEngine:
         return getattr(torch, dtype)
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        mesh = init_device_mesh(self.device.type, (dist_utils.world_size(),))
+        mesh = init_device_mesh(self.device.type, (world.world_size(),))
         kwargs: dict[str, Any] = {"mesh": mesh}
         if self.compute_dtype != torch.float32:
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
@@ -222,7 +230,7 @@ class FSDPEngine:
         lens = seqlens_of(batch["attention_mask"]).tolist()
         spec = self.config.mb_spec
         groups = split_by_token_budget(lens, spec.max_tokens_per_mb, spec.n_mbs)
-        n = int(dist_utils.all_reduce(torch.tensor(len(groups)), "max"))
+        n = int(world.all_reduce(torch.tensor(len(groups)), "max"))
         if n > len(groups):
             groups = split_by_token_budget(lens, spec.max_tokens_per_mb, n)
         out: list[tuple[Batch, list[int] | None]] = [(pack(select(batch, g)), g) for g in groups]
@@ -264,24 +272,44 @@ class FSDPEngine:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        out = acc.reduce()
+        out = acc.export()
         out.update(grad_norm=grad_norm, lr=lr, loss_weight=total, update_skipped=float(not stepped))
         return out
 
+    def train_minibatches(
+        self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, n_minibatches: int, setting: str
+    ) -> list[dict[str, float]]:
+        """`n_minibatches` optimizer steps over this rank's `batch`; collective. Stats per step.
+
+        The PPO update of the actor and of the critic: balance the sequences across ranks (with
+        `mb_spec.balance_across_ranks`), split them into minibatches of about equal token counts,
+        and `train_batch` each. `setting` names the config key of `n_minibatches` for the error
+        raised when this rank holds fewer sequences than minibatches.
+        """
+        if self.config.mb_spec.balance_across_ranks:
+            batch = balance_across_ranks(batch)
+        lens = seqlens_of(batch["attention_mask"]).tolist()
+        if len(lens) < n_minibatches:
+            raise ValueError(f"this rank holds {len(lens)} sequences, fewer than {setting}={n_minibatches}")
+        return [
+            self.train_batch(select(batch, rows), loss_fn, loss_weight_fn)
+            for rows in balanced_partition(lens, n_minibatches)
+        ]
+
     def _accumulate_gradients(
         self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn
-    ) -> tuple[StatsAccumulator, float]:
+    ) -> tuple[StatsTracker, float]:
         """Forward/backward over all micro-batches; grads hold d(global weighted loss)/dθ."""
         self.model.train()
         mbs = self._micro_batches(batch)
         weights = [0.0 if rows is None else float(loss_weight_fn(mb)) for mb, rows in mbs]
-        total = float(dist_utils.all_reduce(torch.tensor(sum(weights), dtype=torch.float64), "sum"))
-        acc = StatsAccumulator()
+        total = float(world.all_reduce(torch.tensor(sum(weights), dtype=torch.float64), "sum"))
+        acc = StatsTracker()
         for i, (mb, rows) in enumerate(mbs):
             self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # reduce-scatter once, at the end
             mb = self._to_device(mb)
             loss, stats = loss_fn(self._forward_packed(mb), mb)
-            scale = weights[i] / total * dist_utils.world_size() if total > 0 else 0.0
+            scale = weights[i] / total * world.world_size() if total > 0 else 0.0
             (loss * scale).backward()
             if rows is not None:
                 acc.add({"loss": loss.detach(), **stats}, weights[i])
@@ -322,7 +350,7 @@ class FSDPEngine:
             from arealite.train.lora import save_adapter
 
             return save_adapter(self.model, self.config.lora, path, base_model_path=self.config.path)
-        W.save_hf(self.model, self.hf_config, path, source_path=self.config.path)
+        save_hf(self.model, self.hf_config, path, source_path=self.config.path)
 
     def load(self, path: str) -> None:
         """Load weights from an HF folder into the sharded model (every rank reads the files);
@@ -331,7 +359,7 @@ class FSDPEngine:
             from arealite.train.lora import load_adapter
 
             return load_adapter(self.model, path)
-        W.load_full_weights(self.model, read_hf_weights(path))
+        load_full_weights(self.model, read_hf_weights(path))
 
     def save_checkpoint(self, path: str) -> None:
         """Write resumable state (sharded weights, optimizer, lr schedule) to `path`; collective."""
@@ -347,17 +375,17 @@ class FSDPEngine:
 
     def export_weights(self, dtype: torch.dtype | None = None):
         """Iterator of (name, full tensor); collective — every rank must exhaust it."""
-        return W.iter_full_weights(self.model, dtype)
+        return iter_full_weights(self.model, dtype)
 
     # ---- weight upload to inference servers (the tensor side; HTTP is the rollout client's) ----
 
-    def weight_buckets(self, meta: WeightUpdateMeta) -> list[list[W.WeightSpec]]:
+    def weight_buckets(self, meta: WeightUpdateMeta) -> list[list[WeightSpec]]:
         """The buckets `upload_weights` broadcasts, in order: lists of (name, dtype, shape).
 
         Each bucket is one `/update_weights_from_distributed` body (names, dtypes, shapes).
         Tensors travel in the compute dtype (bf16 on CUDA, fp32 on CPU).
         """
-        return W.weight_buckets(self.model, self.compute_dtype, meta.weight_chunk_mb)
+        return weight_buckets(self.model, self.compute_dtype, meta.weight_chunk_mb)
 
     def init_weight_update_group(self, meta: WeightUpdateMeta, world_size: int, backend: str | None = None) -> None:
         """Rank 0 joins the weight-update group as its rank 0 (it hosts the store); others return.
@@ -365,7 +393,7 @@ class FSDPEngine:
         `world_size` = 1 + the number of server ranks. Blocks until every server has joined,
         so the `/init_weights_update_group` requests must be in flight concurrently.
         """
-        if not dist_utils.is_main():
+        if not world.is_main():
             return
         from arealite.utils.process_group import init_custom_process_group
 
@@ -408,11 +436,11 @@ class FSDPEngine:
             buckets = getattr(meta, "buckets", None) or self.weight_buckets(meta)
             # The group is passed without keeping a reference here, so that on a failure
             # dropping it really closes it (see broadcast_buckets).
-            failure = W.broadcast_buckets(
+            failure = broadcast_buckets(
                 self.model, buckets, self.weight_update_groups.get(meta.group_name), on_bucket,
                 on_failure=lambda: self.destroy_weight_update_group(meta.group_name),
             )  # fmt: skip
-            dist_utils.barrier()
+            world.barrier()
             if failure is not None:  # rank 0 only, after every rank finished its gathers
                 raise WeightBroadcastError(failure)
         else:

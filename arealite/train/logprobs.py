@@ -1,6 +1,6 @@
 """Token-aligned log-probabilities from packed logits.
 
-Position `t` of the result holds `log p(token t | tokens < t)` (DESIGN §5), computed from
+Position `t` of the result holds `log p(token t | tokens < t)` (docs/architecture.md §5), computed from
 the logits at position `t - 1` divided by the sampling temperature — the same quantity the
 servers return. The first token of every sequence has no prediction and gets 0.
 """

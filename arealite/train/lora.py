@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.config import LoRAConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -101,11 +101,11 @@ def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def save_adapter(model: torch.nn.Module, config: LoRAConfig, path: str, base_model_path: str = "") -> None:
     """Write the adapter as a peft folder; collective, rank 0 writes."""
     tensors = adapter_tensors(model)
-    if dist_utils.is_main():
+    if world.is_main():
         os.makedirs(path, exist_ok=True)
         save_file(tensors, os.path.join(path, ADAPTER_WEIGHTS), metadata={"format": "pt"})
         peft_config(config, base_model_path).save_pretrained(path)
-    dist_utils.barrier()
+    world.barrier()
 
 
 def read_adapter(path: str) -> dict[str, torch.Tensor]:

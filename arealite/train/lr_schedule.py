@@ -34,8 +34,8 @@ def build_scheduler(
         if config.lr_scheduler_type != "constant" or config.warmup_steps_proportion > 0:
             raise ValueError(
                 f"optimizer.lr_scheduler_type={config.lr_scheduler_type!r} with warmup_steps_proportion="
-                f"{config.warmup_steps_proportion} needs the number of optimizer steps; pass total_train_steps "
-                "to the engine"
+                f"{config.warmup_steps_proportion} needs the number of optimizer steps; pass total_optimizer_steps "
+                "to the engine (the actor and critic: total_train_steps)"
             )
         total_steps = 1
     warmup = int(config.warmup_steps_proportion * total_steps)

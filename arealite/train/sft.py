@@ -2,7 +2,7 @@
 
 A record is a prompt (chat `messages`, `prompt` text, or `input_ids`) plus a completion
 (`completion` text, else the record's `answer`) that ends with the tokenizer's EOS. The batch
-follows DESIGN §5 — `loss_mask` is 1 on completion tokens — so `FSDPEngine.train_batch`
+follows docs/architecture.md §5 — `loss_mask` is 1 on completion tokens — so `FSDPEngine.train_batch`
 packs it (no padding in the forward pass) and splits it by the token budget like any PPO
 batch. The loss is the mean negative log-likelihood over all completion tokens of the global
 batch (every rank's tokens weigh the same).

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.utils.process_group import broadcast
 
 WeightSpec = tuple[str, str, list[int]]  # (name, torch dtype attribute name, shape)
@@ -93,7 +93,7 @@ def broadcast_buckets(
             got = list(params[name].shape) if name in params else "no such parameter"
             raise ValueError(f"bucket entry {name!r} with shape {list(shape)} does not match the model ({got}); "
                              "build buckets with actor.weight_buckets(meta)")
-    main = dist_utils.is_main()
+    main = world.is_main()
     failure = None if group is not None or not main else "no weight-update group: call init_weight_update_group(meta, world_size) on rank 0 first"
     for i, bucket in enumerate(buckets):
         if main and on_bucket is not None and failure is None:
@@ -124,7 +124,7 @@ def save_hf(model: torch.nn.Module, hf_config, path: str, source_path: str | Non
     Tokenizer and generation files are copied from `source_path` when present, so the
     folder is a complete model that a server can load.
     """
-    main = dist_utils.is_main()
+    main = world.is_main()
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, t in iter_full_weights(model):
@@ -138,7 +138,7 @@ def save_hf(model: torch.nn.Module, hf_config, path: str, source_path: str | Non
         size += t.nbytes
     if main:
         _write_folder(shards, hf_config, path, source_path)
-    dist_utils.barrier()
+    world.barrier()
 
 
 def _write_folder(shards: list[dict[str, torch.Tensor]], hf_config, path: str, source_path: str | None) -> None:

@@ -31,7 +31,7 @@ import uuid
 
 import torch
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.types import WeightUpdateMeta
 from arealite.utils.process_group import WeightBroadcastError
 
@@ -146,7 +146,7 @@ def broadcast_weights(actor, rollout, meta: WeightUpdateMeta, rank: int) -> None
                 status, message = _FAIL, str(failure)
             else:
                 status, message = _settle(actor, rollout, meta, future, failure, fresh)
-        flag = dist_utils.all_reduce(torch.tensor([status]), "max")  # rank 0 decides for everyone
+        flag = world.all_reduce(torch.tensor([status]), "max")  # rank 0 decides for everyone
         status = int(flag.item())
         if status == _DONE:
             return

@@ -18,7 +18,7 @@ from arealite.config import GenerationHyperparameters
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest, ModelResponse
-from arealite.utils.seeding import seeded_gconfig
+from arealite.workflow.seeding import seeded_gconfig
 from arealite.workflow.base import RolloutWorkflow
 from arealite.workflow.prompt import encode_prompt
 from arealite.workflow.scoring import RewardFn, Scorer

@@ -32,7 +32,7 @@ from arealite.chat.template import render_prompt
 from arealite.config import GenerationHyperparameters
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import concat_padded
-from arealite.utils.seeding import seeded_gconfig
+from arealite.workflow.seeding import seeded_gconfig
 from arealite.workflow.base import RolloutWorkflow
 from arealite.workflow.scoring import RewardFn, Scorer
 from arealite.workflow.tools import Tool, ToolError

@@ -8,7 +8,18 @@ import math
 import pytest
 import torch
 
-from arealite.algo import losses as L
+from arealite.algo.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    LOG_RATIOS,
+    clipped_value_loss,
+    entropy_from_logits,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_loss,
+    ppo_actor_loss,
+)
 from tests.tolerance import assert_close, close, tolerance
 
 
@@ -66,7 +77,7 @@ def _naive_ppo(logp, prox, behav, adv, mask, cu, eps, eps_hi, c_clip, cap, level
 
 
 @pytest.mark.parametrize("seed,n_seqs", [(0, 2), (1, 4), (2, 8)])
-@pytest.mark.parametrize("mode", list(L.AGGREGATIONS))
+@pytest.mark.parametrize("mode", list(AGGREGATIONS))
 @pytest.mark.parametrize("variant", ["plain", "decoupled", "dual_clip_higher", "gspo"])
 def test_ppo_actor_loss_matches_naive(seed, n_seqs, mode, variant):
     logp, prox, behav, adv, mask, cu = _random_packed(seed, n_seqs)
@@ -81,10 +92,10 @@ def test_ppo_actor_loss_matches_naive(seed, n_seqs, mode, variant):
         _naive_ppo(logp, prox, kw["behav"], adv, mask, cu, kw["eps"], kw["eps_hi"], kw["c_clip"], kw["cap"], kw["level"]),
         mask, cu, mode,
     )  # fmt: skip
-    loss, stats = L.ppo_actor_loss(
+    loss, stats = ppo_actor_loss(
         logp, prox, adv, mask, cu, eps_clip=kw["eps"], eps_clip_higher=kw["eps_hi"], c_clip=kw["c_clip"],
-        behav_logp=kw["behav"], behav_imp_weight_cap=kw["cap"], aggregate=L.AGGREGATIONS[mode].reduce,
-        log_ratio=L.LOG_RATIOS[kw["level"]],
+        behav_logp=kw["behav"], behav_imp_weight_cap=kw["cap"], aggregate=AGGREGATIONS[mode].reduce,
+        log_ratio=LOG_RATIOS[kw["level"]],
     )  # fmt: skip
     assert close(loss.item(), want, torch.float64, n=len(logp))
     assert all(torch.isfinite(v) for v in stats.values())
@@ -95,7 +106,7 @@ def test_ppo_loss_gradient_is_zero_where_clipped():
     prox = torch.zeros(2, dtype=torch.float64)
     logp = torch.tensor([0.5, 0.05], dtype=torch.float64, requires_grad=True)  # ratio e^0.5 > 1.2, 1.05 inside
     adv = torch.ones(2, dtype=torch.float64)
-    loss, stats = L.ppo_actor_loss(logp, prox, adv, torch.ones(2, dtype=torch.bool), cu, eps_clip=0.2)
+    loss, stats = ppo_actor_loss(logp, prox, adv, torch.ones(2, dtype=torch.bool), cu, eps_clip=0.2)
     loss.backward()
     assert logp.grad[0] == 0 and logp.grad[1] != 0 and stats["clip_frac"] == 0.5
 
@@ -105,14 +116,14 @@ def test_behaviour_cap_drops_tokens_but_keeps_denominator():
     zeros = torch.zeros(3, dtype=torch.float64)
     behav = torch.tensor([0.0, -2.0, 0.0], dtype=torch.float64)  # token 1 weight e^2 > cap
     adv = torch.ones(3, dtype=torch.float64)
-    loss, stats = L.ppo_actor_loss(zeros, zeros, adv, torch.ones(3, dtype=torch.bool), cu, eps_clip=0.2,
+    loss, stats = ppo_actor_loss(zeros, zeros, adv, torch.ones(3, dtype=torch.bool), cu, eps_clip=0.2,
                                    behav_logp=behav, behav_imp_weight_cap=5.0)  # fmt: skip
     assert close(loss.item(), -2.0 / 3, torch.float64, n=3)
     assert close(stats["behav_imp_weight_capped_frac"].item(), 1 / 3, torch.float32, n=3)
 
 
 @pytest.mark.parametrize("name", ["k1", "k2", "k3"])
-@pytest.mark.parametrize("mode", list(L.AGGREGATIONS))
+@pytest.mark.parametrize("mode", list(AGGREGATIONS))
 def test_kl_loss_matches_naive(name, mode):
     logp, prox, _, _, mask, cu = _random_packed(3, 5)
     per_token = []
@@ -120,7 +131,7 @@ def test_kl_loss_matches_naive(name, mode):
         d = float(logp[t] - prox[t])
         per_token.append({"k1": d, "k2": 0.5 * d * d, "k3": math.exp(-d) + d - 1}[name])
     want = _naive_aggregate(per_token, mask, cu, mode)
-    loss, _ = L.kl_loss(logp, prox, mask, cu, L.KL_ESTIMATORS[name], L.AGGREGATIONS[mode].reduce)
+    loss, _ = kl_loss(logp, prox, mask, cu, KL_ESTIMATORS[name], AGGREGATIONS[mode].reduce)
     assert close(loss.item(), want, torch.float64, n=len(logp))
 
 
@@ -132,14 +143,14 @@ def test_kl_estimators_are_unbiased_or_positive():
     samples = torch.multinomial(p, 200000, replacement=True, generator=g)
     lp, lq = p.log()[samples], q.log()[samples]
     # Monte Carlo, not rounding: 0.02 is > 10 standard errors of a 200,000-sample mean here
-    assert abs(L.kl_k1(lp, lq).mean() - exact) < 0.02
-    assert abs(L.kl_k3(lp, lq).mean() - exact) < 0.02
+    assert abs(kl_k1(lp, lq).mean() - exact) < 0.02
+    assert abs(kl_k3(lp, lq).mean() - exact) < 0.02
     # k3 = e^-d + d - 1 >= 0 exactly; in fp32 it may round below 0 by eps * |terms|
-    assert (L.kl_k3(lp, lq) >= -tolerance(torch.float32) * (1 + (lp - lq).abs())).all() and (L.kl_k2(lp, lq) >= 0).all()
+    assert (kl_k3(lp, lq) >= -tolerance(torch.float32) * (1 + (lp - lq).abs())).all() and (kl_k2(lp, lq) >= 0).all()
 
 
 @pytest.mark.parametrize("eps", [None, 0.2])
-@pytest.mark.parametrize("mode", list(L.AGGREGATIONS))
+@pytest.mark.parametrize("mode", list(AGGREGATIONS))
 def test_clipped_value_loss_matches_naive(eps, mode):
     _, _, _, _, mask, cu = _random_packed(4, 6)
     g = torch.Generator().manual_seed(4)
@@ -152,14 +163,14 @@ def test_clipped_value_loss_matches_naive(eps, mode):
             vc = float(old[t]) + min(max(float(v[t] - old[t]), -eps), eps)
             e = max(e, (vc - float(ret[t])) ** 2)
         per_token.append(0.5 * e)
-    loss, _ = L.clipped_value_loss(v, old, ret, mask, cu, eps, L.AGGREGATIONS[mode].reduce)
+    loss, _ = clipped_value_loss(v, old, ret, mask, cu, eps, AGGREGATIONS[mode].reduce)
     assert close(loss.item(), _naive_aggregate(per_token, mask, cu, mode), torch.float64, n=n)
 
 
-@pytest.mark.parametrize("mode", list(L.AGGREGATIONS))
+@pytest.mark.parametrize("mode", list(AGGREGATIONS))
 def test_aggregation_weights_make_micro_batch_sums_exact(mode):
     logp, _, _, _, mask, cu = _random_packed(5, 8)
-    agg = L.AGGREGATIONS[mode]
+    agg = AGGREGATIONS[mode]
     whole = agg.reduce(logp, mask, cu)
     parts = []
     for a, b in ((0, 3), (3, 5), (5, 8)):  # micro-batches of whole sequences
@@ -174,4 +185,4 @@ def test_entropy_from_logits_matches_definition():
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(4, 7, generator=g, dtype=torch.float64)
     p = torch.softmax(logits, -1)
-    assert_close(L.entropy_from_logits(logits), -(p * p.log()).sum(-1), torch.float64, n=7)
+    assert_close(entropy_from_logits(logits), -(p * p.log()).sum(-1), torch.float64, n=7)

@@ -38,7 +38,7 @@ def _run(tmp_path: Path, model: str, reward: str, offpolicyness: int) -> list[di
         f"total_train_steps={STEPS}", "recover.mode=disabled", "evaluator.freq_steps=0",
         f"reward_fn=tests.e2e.varied_reward:{reward}", "rollout.dynamic_sampling=true",
         f"rollout.max_head_offpolicyness={offpolicyness}", "gconfig.max_new_tokens=6", "gconfig.group_size=4",
-        "actor.group_size=4", f"train_dataset.batch_size={BATCH}", f"train_dataset.num_samples={SAMPLES}",
+        f"train_dataset.batch_size={BATCH}", f"train_dataset.num_samples={SAMPLES}",
         "stats_logger.plot=false", "stats_logger.progress_bar=false",
     ]  # fmt: skip
     try:

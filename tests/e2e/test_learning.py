@@ -42,7 +42,7 @@ def test_grpo_raises_the_reward_of_a_random_model(tmp_path, tiny_model_dir):
         f"fileroot={tmp_path}", "experiment_name=learn", "trial_name=t", f"actor.path={tiny_model_dir}",
         f"total_train_steps={STEPS}", "recover.mode=disabled", "evaluator.freq_steps=0",
         "reward_fn=tests.e2e.varied_reward:even_token_fraction",
-        "gconfig.sampling_seed=5", "gconfig.max_new_tokens=8", "gconfig.group_size=8", "actor.group_size=8",
+        "gconfig.sampling_seed=5", "gconfig.max_new_tokens=8", "gconfig.group_size=8",
         "train_dataset.batch_size=8", "train_dataset.num_samples=256", "actor.ppo_n_minibatches=1",
         "actor.optimizer.lr=0.01", "actor.optimizer.lr_scheduler_type=constant",
         "rollout.max_head_offpolicyness=0", "rollout.dynamic_sampling=false",

@@ -22,7 +22,7 @@ def test_tiny_cpu_setup_commands_chain_model_sft_and_actor():
     assert config.rollout.max_head_offpolicyness == 0 and config.recover.mode == "auto"
     assert config.rollout.dynamic_sampling
     assert config.train_dataset.type == "arithmetic" and config.server.backend == "builtin"
-    assert config.actor.group_size == config.gconfig.group_size
+    assert config.gconfig.group_size == 8
 
 
 def test_gsm8k_gpu_config_is_async_with_the_decoupled_loss():
@@ -30,7 +30,7 @@ def test_gsm8k_gpu_config_is_async_with_the_decoupled_loss():
     assert config.rollout.max_head_offpolicyness == 2 and config.actor.use_decoupled_loss
     assert config.server.backend == "sglang" and "Qwen2.5-1.5B-Instruct" in config.actor.path
     assert config.valid_dataset is not None and config.evaluator.freq_steps > 0
-    assert config.actor.group_size == config.gconfig.group_size
+    assert config.gconfig.group_size == 8
 
 
 def _load(name: str) -> GRPOConfig:
@@ -56,4 +56,4 @@ def test_ppo_variant_turns_on_critic_gae_and_reference_kl_from_config_alone():
     config = _load("tiny_cpu_ppo.yaml")
     assert config.critic is not None and config.critic.path == config.actor.path
     assert config.ref is not None and config.ref.path == config.actor.path and config.actor.kl_ctl > 0
-    assert config.actor.adv_norm not in ("group", "group_mean", "rloo")  # the critic, not the group, is the baseline
+    assert config.actor.group_norm == "none" and config.actor.whiten_advantages  # the critic is the baseline

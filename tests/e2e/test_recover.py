@@ -41,7 +41,7 @@ def _trainer(model: str, fileroot: Path, trial: str, server_addr: str, *extra: s
         sys.executable, str(REPO / "examples" / "gsm8k_grpo.py"), "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
         f"fileroot={fileroot}", "experiment_name=recover", f"trial_name={trial}", f"actor.path={model}",
         f"total_train_steps={STEPS}", "recover.mode=auto", "recover.freq_steps=1",
-        "gconfig.sampling_seed=11", "gconfig.group_size=4", "actor.group_size=4", "gconfig.max_new_tokens=6",
+        "gconfig.sampling_seed=11", "gconfig.group_size=4", "gconfig.max_new_tokens=6",
         "train_dataset.batch_size=4", "train_dataset.num_samples=64",
         "reward_fn=tests.e2e.varied_reward:even_token_fraction", "rollout.max_head_offpolicyness=0",
         "evaluator.freq_steps=0", "stats_logger.plot=false", "stats_logger.progress_bar=false", *extra,

@@ -19,7 +19,7 @@ CONFIG = os.path.join(REPO_ROOT, "configs", "tiny_cpu_tools.yaml")
 def test_tools_example_runs_two_steps(tmp_path, tool_model_dir):
     overrides = [
         f"fileroot={tmp_path}", f"actor.path={tool_model_dir}", "launcher.setup_commands=[]", "total_train_steps=2",
-        "train_dataset.num_samples=64", "train_dataset.batch_size=2", "gconfig.group_size=2", "actor.group_size=2",
+        "train_dataset.num_samples=64", "train_dataset.batch_size=2", "gconfig.group_size=2",
         "evaluator.num_samples=4", "stats_logger.plot=false",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)

@@ -10,7 +10,13 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from arealite.config import MicroBatchSpec, OptimizerConfig, PPOActorConfig, TrainEngineConfig
+from arealite.config import (
+    GenerationHyperparameters,
+    MicroBatchSpec,
+    OptimizerConfig,
+    PPOActorConfig,
+    TrainEngineConfig,
+)
 from arealite.server.process import launch_server_process
 from arealite.train.actor import PPOActor
 from arealite.train.advantage_estimation import estimate_advantages
@@ -48,7 +54,7 @@ def test_fsdp2_mixed_precision_keeps_fp32_masters_and_matches_fp32_within_bf16(t
     acc, total = bf16._accumulate_gradients(batch, _logp_loss, _weight)
     acc32, _ = fp32._accumulate_gradients(batch, _logp_loss, _weight)
     assert all(_local(p.grad).dtype == torch.float32 for p in bf16.model.parameters())  # fp32 reduce
-    loss, loss32 = acc.reduce()["loss"], acc32.reduce()["loss"]
+    loss, loss32 = acc.export()["loss"], acc32.export()["loss"]
     print(f"mixed precision: loss bf16={loss:.6f} fp32={loss32:.6f}")
     assert close(loss, loss32, torch.bfloat16, k=1)  # a mean over tokens: well inside one bf16 ulp
 
@@ -70,10 +76,10 @@ def test_fsdp2_cpu_offload_trains_with_parameters_on_the_cpu(tiny_model_dir):
 
 
 def test_advantages_run_on_the_gpu_with_triton_and_match_the_cpu_reference(tiny_model_dir):
-    cfg = PPOActorConfig(path=tiny_model_dir, group_size=2, optimizer=OptimizerConfig(lr=1e-3))
-    actor = PPOActor(cfg).initialize()
+    cfg = PPOActorConfig(path=tiny_model_dir, optimizer=OptimizerConfig(lr=1e-3))
+    actor = PPOActor(cfg, GenerationHyperparameters(group_size=2)).initialize()
     batch = make_batch([9, 7, 8, 6, 10, 5], seed=23)
-    want = estimate_advantages(dict(batch), cfg)["advantages"]  # CPU tensors: the torch path
+    want = estimate_advantages(dict(batch), cfg, actor.gconfig)["advantages"]  # CPU tensors: the torch path
     actor.compute_advantages(batch)
     assert batch["advantages"].device == batch["loss_mask"].device  # back where the batch lives
     assert_close(batch["advantages"], want, torch.float32, n=2)
@@ -90,8 +96,9 @@ def test_bf16_server_and_trainer_logprobs_agree_within_bf16_rounding(tiny_model_
         batch = batch_from_results(PROMPTS, generate(server, PROMPTS, params))
     finally:
         server.stop()
-    bf16 = PPOActor(PPOActorConfig(path=tiny_model_dir, dtype="bfloat16", group_size=2)).initialize()
-    fp32 = PPOActor(PPOActorConfig(path=tiny_model_dir, dtype="float32", group_size=2)).initialize()
+    g2 = GenerationHyperparameters(group_size=2)
+    bf16 = PPOActor(PPOActorConfig(path=tiny_model_dir, dtype="bfloat16"), g2).initialize()
+    fp32 = PPOActor(PPOActorConfig(path=tiny_model_dir, dtype="float32"), g2).initialize()
     trainer_bf16, trainer_fp32 = bf16.compute_logp(batch), fp32.compute_logp(batch)
     max_logit = float(fp32.forward(batch)[batch["attention_mask"].bool()].abs().max())
     parity = mean_abs_logprob_diff(trainer_bf16, batch)  # server bf16 vs trainer bf16

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray launcher needs the 'ray' extra: pip install -e .[ray]")
 
-from arealite.launcher import ports  # noqa: E402
+from arealite.utils import net  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -45,7 +45,7 @@ LOOPBACK_CLUSTER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """An existing Ray cluster on loopback (`ray start --head`), shared by this module's tests."""
-    port = ports.free_ports(1)[0]
+    port = net.free_ports(1)[0]
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     # A private temp dir: Ray records the cluster in <temp-dir>/ray_current_cluster, where a
     # bare ray.init() elsewhere on this machine would otherwise find and join it.
@@ -57,7 +57,7 @@ def ray_cluster(tmp_path_factory):
     head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 120
-        while ports.port_is_free("127.0.0.1", port):
+        while net.port_is_free("127.0.0.1", port):
             if head.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"ray start --head did not come up; see {log.name}")
             time.sleep(0.3)

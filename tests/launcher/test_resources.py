@@ -38,12 +38,12 @@ def test_ray_bundles_request_gpus_only_for_sglang():
 
 def test_sbatch_scripts_request_gpus_for_sglang_and_split_ranks_over_nodes():
     cfg = _config("launcher.n_servers=2", "launcher.gpus_per_server=2", "launcher.n_trainers=8", "launcher.trainer_nodes=2")
-    servers = servers_script(cfg, "sglang", "/runs/x", "/work")
-    trainer = trainer_script(cfg, "sglang", "/runs/x", "/work", "/work/train.py", ["--config", "c.yaml"])
+    servers = servers_script(cfg, "sglang", "/runs/x", "/proj")
+    trainer = trainer_script(cfg, "sglang", "/runs/x", "/proj", "/proj/train.py", ["--config", "c.yaml"])
     assert "#SBATCH --gpus-per-task=2" in servers and "--backend sglang" in servers
     assert "#SBATCH --nodes=2" in trainer and "#SBATCH --gpus-per-node=4" in trainer
     assert "--nnodes=2 --nproc-per-node=4" in trainer and '--node-rank="$SLURM_NODEID"' in trainer
-    assert "gpus" not in servers_script(cfg, "builtin", "/runs/x", "/work")
+    assert "gpus" not in servers_script(cfg, "builtin", "/runs/x", "/proj")
 
 
 def test_uneven_trainer_split_is_rejected():

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from arealite.config import ConfigError, GRPOConfig, load_config
-from arealite.launcher import health, ports
 from arealite.launcher.server_cmd import model_path, resolve_backend, server_command
+from arealite.utils import net
 
 
 def _config(*overrides: str) -> GRPOConfig:
@@ -61,21 +61,32 @@ def test_auto_backend_follows_visible_gpus(monkeypatch):
 
 
 def test_free_ports_are_distinct_and_bindable_and_busy_ports_are_not_free():
-    chosen = ports.free_ports(3)
-    assert len(set(chosen)) == 3 and all(ports.port_is_free("127.0.0.1", p) for p in chosen)
+    chosen = net.free_ports(3)
+    assert len(set(chosen)) == 3 and all(net.port_is_free("127.0.0.1", p) for p in chosen)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         busy = sock.getsockname()[1]
-        assert not ports.port_is_free("127.0.0.1", busy)
-        assert busy not in ports.free_ports(1, exclude={busy})
-        assert not ports.wait_port_free("127.0.0.1", busy, timeout=0.5)
+        assert not net.port_is_free("127.0.0.1", busy)
+        assert busy not in net.free_ports(1, exclude={busy})
+        assert not net.wait_port_free("127.0.0.1", busy, timeout=0.5)
 
 
 def test_probe_of_a_closed_port_is_unhealthy():
-    port = ports.free_ports(1)[0]
-    assert not health.probe(f"127.0.0.1:{port}", timeout=1.0)
-    assert not health.wait_healthy(f"127.0.0.1:{port}", timeout=1.0, interval=0.2)
+    port = net.free_ports(1)[0]
+    assert not net.probe(f"127.0.0.1:{port}", timeout=1.0)
+    assert not net.wait_healthy(f"127.0.0.1:{port}", timeout=1.0, interval=0.2)
+
+
+def test_free_port_command_prints_a_port_the_sbatch_script_can_bind():
+    # sbatch trainer scripts pick MASTER_PORT on the node with this command (launcher/sbatch.py).
+    out = subprocess.run([sys.executable, "-m", "arealite.utils.net", "free-port"], capture_output=True, text=True,
+                         check=True, timeout=60).stdout  # fmt: skip
+    assert 0 < int(out) < 65536 and net.port_is_free("0.0.0.0", int(out))
+    from arealite.launcher.sbatch import trainer_script
+
+    script = trainer_script(_config(), "builtin", "/runs/x", "/proj", "/proj/train.py", [])
+    assert "-m arealite.utils.net free-port)" in script and "import socket" not in script
 
 
 def test_launchers_import_no_model_code():

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from arealite.server.process import ServerProcess, free_port, launch_server_process
+from arealite.server.process import ServerProcess, launch_server_process
+from arealite.utils.net import free_ports
 
 # Reward worker processes (spawned; they inherit sys.path) import `tests.reliability.rewards`.
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
@@ -58,7 +59,7 @@ class FaultyServer:
     def __init__(self, mode: str, health: str = "ok") -> None:
         self.mode, self.health = mode, health
         self.pause = "ok"  # or "never": /pause_generation hangs
-        self.port = free_port()
+        self.port = free_ports(1)[0]
         self.hits = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from arealite.config import OptimizerConfig, PPOActorConfig
+from arealite.config import GenerationHyperparameters, OptimizerConfig, PPOActorConfig
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,7 +37,8 @@ def _params(actor) -> dict[str, torch.Tensor]:
 def test_nan_loss_skips_the_update_and_training_continues(tiny_model_dir):
     from arealite.train import PPOActor
 
-    actor = PPOActor(PPOActorConfig(path=tiny_model_dir, group_size=4, optimizer=OptimizerConfig(lr=1e-2))).initialize()
+    config = PPOActorConfig(path=tiny_model_dir, optimizer=OptimizerConfig(lr=1e-2))
+    actor = PPOActor(config, GenerationHyperparameters(group_size=4)).initialize()
     try:
         before = _params(actor)
         bad = _batch(0)

@@ -35,7 +35,7 @@ def _launch(run_root: Path, model: str) -> subprocess.Popen:
         "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
         f"fileroot={run_root}", "experiment_name=killed", "trial_name=t0", f"actor.path={model}",
         "launcher.setup_commands=[]", f"total_train_steps={STEPS}", "recover.mode=auto", "recover.freq_steps=1",
-        "train_dataset.batch_size=2", "train_dataset.num_samples=32", "gconfig.group_size=2", "actor.group_size=2",
+        "train_dataset.batch_size=2", "train_dataset.num_samples=32", "gconfig.group_size=2",
         "gconfig.max_new_tokens=4", "evaluator.freq_steps=0", "stats_logger.plot=false",
         "stats_logger.progress_bar=false", "server.extra_args=[--skip-server-warmup,--torch-threads,1]",
     ]  # fmt: skip

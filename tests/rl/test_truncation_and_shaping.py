@@ -8,22 +8,24 @@ import torch
 
 from arealite.config import ConfigError, GRPOConfig, GenerationHyperparameters, PPOActorConfig
 from arealite.train.advantage_estimation import estimate_advantages
-from arealite.utils.stats_tracker import StatsTracker
-from arealite.utils.training_stats import batch_stats
+from arealite.stats.tracker import StatsTracker
+from arealite.stats.batch import batch_stats
 from arealite.rollout.dynamic_sampling import informative_rows, rewards_differ
 from tests.train.helpers import make_batch
 
 
 def _config(**actor) -> GRPOConfig:
-    return GRPOConfig(gconfig=GenerationHyperparameters(group_size=2, max_new_tokens=8), actor=PPOActorConfig(path="x", group_size=2, **actor))
+    return GRPOConfig(gconfig=GenerationHyperparameters(group_size=2, max_new_tokens=8),
+                      actor=PPOActorConfig(path="x", **actor))
 
 
 def test_mask_no_eos_with_zero_drops_truncated_responses_from_the_loss_and_scores_them_zero():
     batch = make_batch([10, 10, 9, 10], prompt_len=2, seed=1)  # two groups of 2
     batch["rewards"] = torch.tensor([1.0, 1.0, 0.0, 1.0])
     batch["truncated"] = torch.tensor([False, True, False, True])
-    on = estimate_advantages(batch, PPOActorConfig(path="x", group_size=2, adv_norm="group_mean", mask_no_eos_with_zero=True))
-    off = estimate_advantages(batch, PPOActorConfig(path="x", group_size=2, adv_norm="group_mean"))
+    g2 = GenerationHyperparameters(group_size=2)
+    on = estimate_advantages(batch, PPOActorConfig(path="x", group_norm="mean", mask_no_eos_with_zero=True), g2)
+    off = estimate_advantages(batch, PPOActorConfig(path="x", group_norm="mean"), g2)
     mask = batch["loss_mask"].bool()
     # off: group 0 has equal rewards (no signal); group 1: -0.5 / +0.5
     assert "loss_mask" not in off
@@ -39,17 +41,17 @@ def test_mask_no_eos_with_zero_drops_truncated_responses_from_the_loss_and_score
 def test_mask_no_eos_with_zero_needs_the_truncated_key():
     batch = make_batch([6, 6], seed=2)
     with pytest.raises(KeyError, match="truncated"):
-        estimate_advantages(batch, PPOActorConfig(path="x", group_size=2, mask_no_eos_with_zero=True))
+        config = PPOActorConfig(path="x", mask_no_eos_with_zero=True)
+        estimate_advantages(batch, config, GenerationHyperparameters(group_size=2))
 
 
 def test_overlong_penalty_takes_the_budget_from_gconfig():
-    config = _config(overlong_tokens=4, adv_norm="none")
-    assert config.actor.max_new_tokens == 8  # filled from gconfig.max_new_tokens
+    config = _config(overlong_tokens=4, group_norm="none")
     batch = make_batch([10, 10, 10, 10], prompt_len=2, seed=3)  # 8 generated tokens each
     batch["loss_mask"][1, 6:] = 0  # 4 tokens: outside the penalty zone (the last 4 of 8)
     batch["loss_mask"][2, 8:] = 0  # 6 tokens: half way into it
     batch["rewards"] = torch.ones(4)
-    adv = estimate_advantages(batch, config.actor)["advantages"]
+    adv = estimate_advantages(batch, config.actor, config.gconfig)["advantages"]
     per_row = [adv[b][batch["loss_mask"][b].bool()].unique().tolist() for b in range(4)]
     assert per_row == [[0.0], [1.0], [0.5], [0.0]]  # 1 - (excess / 4), excess = len - 4
 
@@ -100,7 +102,7 @@ def test_batch_stats_report_truncated_fraction_and_staleness():
 def test_asynchronous_filter_lets_a_group_through_after_the_search_bound():
     from arealite.data.loader import create_dataloader
     from arealite.rollout.dynamic_sampling import MAX_SAMPLED_BATCHES, DynamicSampler
-    from arealite.utils.data_feed import DataFeed
+    from arealite.data.feed import DataFeed
 
     feed = DataFeed(create_dataloader([{"id": str(i)} for i in range(8)], batch_size=4))
     sampler = DynamicSampler(feed, group_size=2)

@@ -1,4 +1,4 @@
-"""Building and stacking padded trajectory batches (DESIGN §5 convention)."""
+"""Building and stacking padded trajectory batches (docs/architecture.md §5 convention)."""
 
 import pytest
 import torch

@@ -6,7 +6,7 @@ import pytest
 
 from arealite.config import InferenceEngineConfig
 from arealite.rollout import RemoteSGLangEngine, ServerUnavailable
-from arealite.server.process import free_port
+from arealite.utils.net import free_ports
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,6 +28,6 @@ def test_failed_start_leaves_no_thread():
     before = len(_loop_threads())
     config = InferenceEngineConfig(setup_timeout=1)
     with pytest.raises(ServerUnavailable, match="setup_timeout"):
-        with RemoteSGLangEngine(config, [f"127.0.0.1:{free_port()}"]):
+        with RemoteSGLangEngine(config, [f"127.0.0.1:{free_ports(1)[0]}"]):
             pytest.fail("the block must not run when no server answers")
     assert len(_loop_threads()) == before

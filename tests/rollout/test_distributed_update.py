@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout import RemoteSGLangEngine, WeightUpdateError
-from arealite.server.process import free_port
+from arealite.utils.net import free_ports
 from arealite.types import ModelRequest, WeightUpdateMeta
 from arealite.utils.process_group import broadcast, init_custom_process_group
 from tests.tolerance import assert_close
@@ -49,7 +49,7 @@ def test_distributed_update_changes_weights_and_versions(two_servers, tiny_model
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
     perturbed = {n: p + 0.5 * torch.randn_like(p) for n, p in original.items()}
-    meta = WeightUpdateMeta(type="distributed", master_address="127.0.0.1", master_port=free_port(),
+    meta = WeightUpdateMeta(type="distributed", master_address="127.0.0.1", master_port=free_ports(1)[0],
                             group_name="rollout_test_group", backend="gloo")
     try:
         with pytest.raises(WeightUpdateError, match="has no buckets"):
@@ -73,7 +73,7 @@ def test_distributed_update_changes_weights_and_versions(two_servers, tiny_model
         assert restored.output_versions == [8] * restored.output_len
 
         # pause_mode=in_place (read per call): a long request stays on its server over the
-        # broadcast and finishes with the perturbed weights; no flush is asked for (§3.9)
+        # broadcast and finishes with the perturbed weights; no flush is asked for (docs/protocol.md §3.9)
         engine.config.pause_mode = "in_place"
         long = ModelRequest(input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=160, temperature=0.0))
         running = engine.loop.submit(engine.agenerate(long))

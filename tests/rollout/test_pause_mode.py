@@ -196,7 +196,7 @@ def test_pause_mode_is_validated():
 @pytest.mark.parametrize("mode", ["abort", "in_place", "retract"])
 def test_update_bodies_follow_pause_mode(mode):
     """abort: abort_all_requests and the default flush; kept requests: no abort, never a flush
-    (a refused flush kills 0.5.6-0.5.20 schedulers, SGLANG_PROTOCOL.md §3.9)."""
+    (a refused flush kills 0.5.6-0.5.20 schedulers, docs/protocol.md §3.9)."""
     engine = RemoteSGLangEngine(InferenceEngineConfig(pause_mode=mode), ["127.0.0.1:1"])  # never initialized
     buckets = [[("a", torch.float32, (2,))], [("b", torch.float32, (3,))]]
     meta = WeightUpdateMeta(type="distributed", version=3, buckets=buckets)

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout import GenerationError, RemoteSGLangEngine, ServerUnavailable
-from arealite.server.process import free_port
+from arealite.utils.net import free_ports
 from arealite.types import ModelRequest
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 class FlakyServer:
     def __init__(self, failures: int, status: int = 503) -> None:
         self.failures, self.status, self.calls = failures, status, 0
-        self.port = free_port()
+        self.port = free_ports(1)[0]
         self.address = f"127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
@@ -91,7 +91,7 @@ def test_4xx_is_not_retried():
 
 
 def test_unreachable_server_at_startup_is_named():
-    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    address = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=1.0, health_check_timeout=0.5), [address])
     with pytest.raises(ServerUnavailable, match=rf"servers \['{address}'\] did not answer /health within setup_timeout=1.0s"):
         engine.initialize()

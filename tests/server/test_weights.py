@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from arealite.server.process import free_port
+from arealite.utils.net import free_ports
 from tests.server.conftest import make_peaky_model, start_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -66,7 +66,7 @@ def _specs(model_dir: str) -> list[tuple[str, str, list[int]]]:
 
 def test_distributed_update_equals_fresh_server(server, new_model_dir, tmp_path):
     before = greedy(server)
-    port, group = free_port(), "weight_update_group"
+    port, group = free_ports(1)[0], "weight_update_group"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER, new_model_dir, str(port), group], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -105,7 +105,8 @@ def test_distributed_errors(server):
     assert status == 400
     status, reply = server.post("/update_weights_from_distributed", {**body, "load_format": "flattened_bucket"})
     assert status == 400 and "load_format" in reply["message"]
-    init = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1, "world_size": 2, "backend": "mpi-ish"}
+    init = {"master_address": "127.0.0.1", "master_port": free_ports(1)[0], "rank_offset": 1, "world_size": 2,
+            "backend": "mpi-ish"}
     status, reply = server.post("/init_weights_update_group", init)
     assert status == 400 and reply["message"].startswith("Failed to initialize custom process group")
     assert server.post("/init_weights_update_group", {"master_address": "127.0.0.1"})[0] == 400

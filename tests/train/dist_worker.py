@@ -23,8 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from arealite import distributed as dist_utils  # noqa: E402
-from arealite.config import MicroBatchSpec, OptimizerConfig, PPOActorConfig  # noqa: E402
+from arealite import world  # noqa: E402
+from arealite.config import GenerationHyperparameters, MicroBatchSpec, OptimizerConfig, PPOActorConfig  # noqa: E402
 from arealite.data.packing import select  # noqa: E402
 from arealite.train.actor import PPOActor  # noqa: E402
 from arealite.train.data_parallel import balance_across_ranks  # noqa: E402
@@ -37,18 +37,18 @@ GLOBAL_LENS = [12, 5, 9, 7, 3, 10, 6, 8]
 def train_one_step(model_dir: str, uneven: bool = False, fused: bool = False) -> tuple[PPOActor, list[dict], dict]:
     """`uneven`: rank 0 holds one group and the last rank the rest, not re-dealt, with more
     micro-batches than rank 0 has sequences (so rank 0 runs zero-weight filler passes)."""
-    rank, world = dist_utils.init_distributed()
+    rank, n_ranks = world.init_distributed()
     torch.set_num_threads(1)
     # Adam's eps bounds how much it amplifies rounding in near-zero gradients (gain lr/eps):
     # 1e-4 keeps the 1-vs-2-rank comparison about the gradients, not float summation order.
     mb_spec = MicroBatchSpec(n_mbs=3, balance_across_ranks=False) if uneven else MicroBatchSpec(n_mbs=2)
-    cfg = PPOActorConfig(path=model_dir, dtype="float32", group_size=2, optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
+    cfg = PPOActorConfig(path=model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
                          mb_spec=mb_spec, use_decoupled_loss=True)  # fmt: skip
-    actor = PPOActor(cfg).initialize()
+    actor = PPOActor(cfg, GenerationHyperparameters(group_size=2)).initialize()
     batch = make_batch(GLOBAL_LENS, seed=21)
     batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
-    bounds = [0, 2, len(GLOBAL_LENS)] if uneven else [len(GLOBAL_LENS) * r // world for r in range(world + 1)]
-    if world == 1:
+    bounds = [0, 2, len(GLOBAL_LENS)] if uneven else [len(GLOBAL_LENS) * r // n_ranks for r in range(n_ranks + 1)]
+    if n_ranks == 1:
         bounds = [0, len(GLOBAL_LENS)]
     batch = select(batch, list(range(bounds[rank], bounds[rank + 1])), trim=False)  # whole groups per rank
     if not fused:
@@ -61,7 +61,7 @@ def record_balance(batch: dict, out_dir: str) -> None:
     """Which sequences (by their first token) this rank trains on after re-dealing."""
     share = balance_across_ranks(batch)
     firsts = share["input_ids"][:, 0].tolist()
-    Path(out_dir, f"share{dist_utils.rank()}.json").write_text(json.dumps({"firsts": firsts,
+    Path(out_dir, f"share{world.rank()}.json").write_text(json.dumps({"firsts": firsts,
         "tokens": int(share["attention_mask"].sum())}))  # fmt: skip
 
 
@@ -92,12 +92,12 @@ def _in_threads(fns) -> tuple[list[threading.Thread], list, list[Exception]]:
 def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
     meta = WeightUpdateMeta(type="distributed", master_address="127.0.0.1", master_port=port,
                             group_name="test_group", weight_chunk_mb=1, version=1)  # fmt: skip
-    world = 1 + len(addrs)
-    main = dist_utils.is_main()
+    group_size = 1 + len(addrs)
+    main = world.is_main()
     buckets = actor.weight_buckets(meta)
     init = [
         lambda a=a, i=i: _post(a, "/init_weights_update_group", {
-            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1 + i, "world_size": world,
+            "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1 + i, "world_size": group_size,
             "group_name": meta.group_name, "backend": "gloo"})
         for i, a in enumerate(addrs)
     ]  # fmt: skip
@@ -114,7 +114,7 @@ def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
         for t in threads:
             t.start()
         if phase is init:
-            actor.init_weight_update_group(meta, world)
+            actor.init_weight_update_group(meta, group_size)
         else:
             actor.upload_weights(meta)
         for t in threads:
@@ -132,14 +132,14 @@ def main(argv: list[str]) -> None:
     record_balance(batch, out_dir)
     if mode == "sync":
         sync(actor, argv[3].split(","), int(argv[4]))
-        if dist_utils.is_main():
+        if world.is_main():
             Path(out_dir, "buckets.json").write_text(json.dumps(actor.weight_buckets(WeightUpdateMeta(weight_chunk_mb=1))))
     actor.save(os.path.join(out_dir, "hf"))
-    if dist_utils.is_main():
+    if world.is_main():
         Path(out_dir, "stats.json").write_text(json.dumps(stats))
-    dist_utils.barrier()
-    if dist_utils.world_size() > 1:  # a world of one may be a test process that keeps its group
-        dist_utils.destroy_distributed()
+    world.barrier()
+    if world.world_size() > 1:  # a world of one may be a test process that keeps its group
+        world.destroy_distributed()
 
 
 if __name__ == "__main__":

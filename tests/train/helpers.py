@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
 import torch
 
+from arealite.utils.net import free_ports
 from tests.devices import train_device_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -28,12 +28,6 @@ def make_batch(lens: list[int], prompt_len: int = 3, group_size: int = 2, seed: 
     versions = torch.where(lm.bool(), 0, -1)
     return {"input_ids": ids, "attention_mask": am, "loss_mask": lm, "logprobs": logprobs, "versions": versions,
             "rewards": rewards}  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -58,7 +52,7 @@ def run_ranks(world_size: int, args: list[str], timeout: float = 240.0) -> None:
     import tempfile
     import time
 
-    port = free_port()
+    port = free_ports(1)[0]
     worker = str(Path(__file__).with_name("dist_worker.py"))
     procs, logs = [], []
     try:

@@ -18,7 +18,7 @@ def generate(server, prompts: list[list[int]], sampling_params: dict) -> list[di
 
 
 def batch_from_results(prompts: list[list[int]], results: list[dict]) -> dict:
-    """A padded trajectory batch (DESIGN §5) from prompts and their /generate results."""
+    """A padded trajectory batch (docs/architecture.md §5) from prompts and their /generate results."""
     rows = []
     for ids, res in zip(prompts, results):
         triples = res["meta_info"]["output_token_logprobs"]

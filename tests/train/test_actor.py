@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from arealite.config import ConfigError, MicroBatchSpec, OptimizerConfig, PPOActorConfig
+from arealite.config import ConfigError, GenerationHyperparameters, MicroBatchSpec, OptimizerConfig, PPOActorConfig
 from arealite.train.actor import PPOActor
 from arealite.train.advantage_estimation import estimate_advantages
 from tests.tolerance import EPS32, assert_close, close, magnitude
@@ -18,9 +18,9 @@ HIDDEN = 64  # the tiny model's hidden size: the longest dot product behind a lo
 
 @pytest.fixture(scope="module")
 def actor(tiny_model_dir) -> PPOActor:
-    cfg = PPOActorConfig(path=tiny_model_dir, dtype="float32", group_size=2, optimizer=OptimizerConfig(lr=1e-3),
+    cfg = PPOActorConfig(path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-3),
                          mb_spec=MicroBatchSpec(n_mbs=2))  # fmt: skip
-    return PPOActor(cfg).initialize()
+    return PPOActor(cfg, GenerationHyperparameters(group_size=2)).initialize()
 
 
 def test_compute_logp_is_token_aligned(actor, tiny_model_dir):
@@ -41,20 +41,29 @@ def test_compute_logp_is_token_aligned(actor, tiny_model_dir):
     assert_close(logp, want, n=HIDDEN)
 
 
-def _naive_grpo(rewards, loss_mask, G, mode, eps=1e-6):
-    out = torch.zeros(loss_mask.shape)
+def _naive_grpo(rewards, loss_mask, G, mode, whiten=False, eps=1e-6):
+    out = torch.zeros(loss_mask.shape, dtype=torch.float64)
     for b in range(len(rewards)):
         grp = [rewards[i].item() for i in range(b // G * G, b // G * G + G)]
         mean = sum(grp) / G
-        if mode == "group":
+        if mode == "mean_std":
             std = (sum((x - mean) ** 2 for x in grp) / G) ** 0.5
             a = (rewards[b].item() - mean) / (std + eps)
-        elif mode == "group_mean":
+        elif mode == "mean":
             a = rewards[b].item() - mean
-        else:  # rloo
+        elif mode == "rloo":
             a = rewards[b].item() - (sum(grp) - rewards[b].item()) / (G - 1)
+        else:  # none
+            a = rewards[b].item()
         for t in range(loss_mask.shape[1]):
             out[b, t] = a if loss_mask[b, t] else 0.0
+    if whiten:  # over every loss token of the batch: population variance, eps inside the root
+        toks = [out[b, t].item() for b in range(len(rewards)) for t in range(loss_mask.shape[1]) if loss_mask[b, t]]
+        m = sum(toks) / len(toks)
+        var = sum((x - m) ** 2 for x in toks) / len(toks)
+        for b in range(len(rewards)):
+            for t in range(loss_mask.shape[1]):
+                out[b, t] = (out[b, t] - m) / (var + eps) ** 0.5 if loss_mask[b, t] else 0.0
     return out
 
 
@@ -65,25 +74,33 @@ def _min_group_std(rewards, G):
 
 
 @pytest.mark.parametrize("G", [2, 3, 4])
-@pytest.mark.parametrize("mode", ["group", "group_mean", "rloo"])
-def test_group_advantages_match_naive(G, mode):
+@pytest.mark.parametrize("mode", ["mean_std", "mean", "rloo", "none"])
+@pytest.mark.parametrize("whiten", [False, True])
+def test_group_advantages_match_naive(G, mode, whiten):
+    # every group_norm x whiten_advantages combination, the names config and algo/ share
     g = torch.Generator().manual_seed(G)
     batch = make_batch([7, 5, 9, 6, 8, 4, 7, 9, 5, 6, 8, 7][: 3 * G], seed=G)
     batch["rewards"] = torch.randn(3 * G, generator=g)
     batch["loss_mask"][0, 4] = 0  # a hole in the mask
-    cfg = PPOActorConfig(path="x", group_size=G, adv_norm=mode, reward_clip=100.0)
-    adv = estimate_advantages(batch, cfg)["advantages"]
-    want = _naive_grpo(batch["rewards"], batch["loss_mask"], G, mode)
-    assert_close(adv, want, n=G, scale=magnitude(batch["rewards"]) / _min_group_std(batch["rewards"], G))
+    cfg = PPOActorConfig(path="x", group_norm=mode, whiten_advantages=whiten, reward_clip=100.0)
+    adv = estimate_advantages(batch, cfg, GenerationHyperparameters(group_size=G))["advantages"]
+    want = _naive_grpo(batch["rewards"], batch["loss_mask"], G, mode, whiten)
+    scale = magnitude(batch["rewards"]) / (_min_group_std(batch["rewards"], G) if mode == "mean_std" else 1.0)
+    n = G
+    if whiten:  # whitening divides the group stage's rounding by the advantages' std, then adds its own
+        pre = _naive_grpo(batch["rewards"], batch["loss_mask"], G, mode)[batch["loss_mask"].bool()]
+        scale = scale / float(pre.std(unbiased=False)) + magnitude(want)
+        n += int(batch["loss_mask"].sum())  # the whitening sums over every loss token
+    assert_close(adv, want.float(), n=n, scale=scale)
 
 
 def test_reward_shaping_and_overlong_penalty():
     batch = make_batch([10, 10], prompt_len=2, seed=7)  # 8 generated tokens each
     batch["loss_mask"][1, 6:] = 0  # second response: 4 generated tokens
     batch["rewards"] = torch.tensor([3.0, -1.0])
-    cfg = PPOActorConfig(path="x", group_size=1, adv_norm="none", reward_bias=-0.5, reward_scaling=2.0, reward_clip=4.0,
-                         max_new_tokens=8, overlong_tokens=4, overlong_penalty_factor=1.0)  # fmt: skip
-    adv = estimate_advantages(batch, cfg)["advantages"]
+    cfg = PPOActorConfig(path="x", group_norm="none", reward_bias=-0.5, reward_scaling=2.0, reward_clip=4.0,
+                         overlong_tokens=4, overlong_penalty_factor=1.0)  # fmt: skip
+    adv = estimate_advantages(batch, cfg, GenerationHyperparameters(group_size=1, max_new_tokens=8))["advantages"]
     # row 0: clip((3-0.5)*2)=4, 8 tokens = budget -> penalty 1 ; row 1: (-1.5)*2=-3, 4 tokens -> no penalty
     assert_close(adv[0][batch["loss_mask"][0].bool()], torch.tensor(3.0).expand(8))
     assert_close(adv[1][batch["loss_mask"][1].bool()], torch.tensor(-3.0).expand(4))
@@ -94,9 +111,9 @@ def test_gae_with_values_and_kl_in_reward_matches_naive():
     g = torch.Generator().manual_seed(8)
     batch["values"] = torch.randn(3, 9, generator=g) * batch["attention_mask"]
     batch["ref_logp"] = batch["logprobs"] + 0.1 * torch.randn(3, 9, generator=g) * batch["loss_mask"]
-    cfg = PPOActorConfig(path="x", group_size=1, adv_norm="none", kl_ctl=0.5, kl_in_reward=True, kl_estimator="k1",
+    cfg = PPOActorConfig(path="x", group_norm="none", kl_ctl=0.5, kl_in_reward=True, kl_estimator="k1",
                          gamma=0.9, lam=0.8, reward_clip=100.0)  # fmt: skip
-    out = estimate_advantages(batch, cfg)
+    out = estimate_advantages(batch, cfg, GenerationHyperparameters(group_size=1))
     want_adv, want_ret = torch.zeros(3, 9, dtype=torch.float64), torch.zeros(3, 9, dtype=torch.float64)
     for b in range(3):
         toks = [t for t in range(9) if batch["loss_mask"][b, t]]
@@ -116,8 +133,8 @@ def test_gae_with_values_and_kl_in_reward_matches_naive():
 def test_batch_whitening_modes():
     batch = make_batch([9, 7, 8, 6], seed=9)
     batch["rewards"] = torch.tensor([1.0, 0.0, 3.0, 1.0])
-    cfg = PPOActorConfig(path="x", group_size=2, adv_norm="group_baseline_batch")
-    adv = estimate_advantages(batch, cfg)["advantages"]
+    cfg = PPOActorConfig(path="x", group_norm="mean", whiten_advantages=True)  # REINFORCE++-baseline
+    adv = estimate_advantages(batch, cfg, GenerationHyperparameters(group_size=2))["advantages"]
     sel = adv[batch["loss_mask"].bool()].double()
     # mean and variance over sel.numel() fp32 values, relative to their magnitude
     assert close(sel.mean().item(), 0.0, n=sel.numel(), scale=magnitude(sel))
@@ -158,8 +175,8 @@ def test_actor_loss_entropy_is_token_aligned(entropy_coef):
     batch["advantages"] = torch.zeros(3, 7)
     mb = pack(batch)
     logits = torch.randn(int(mb["cu_seqlens"][-1]), 40, generator=torch.Generator().manual_seed(18), requires_grad=True)
-    cfg = PPOActorConfig(path="x", temperature=0.8, entropy_coef=entropy_coef)
-    loss, stats = actor_loss(logits, mb, cfg)
+    cfg = PPOActorConfig(path="x", entropy_coef=entropy_coef)
+    loss, stats = actor_loss(logits, mb, cfg, temperature=0.8)
     ents = []
     for b in range(3):
         start = int(mb["cu_seqlens"][b])
@@ -175,7 +192,7 @@ def test_actor_loss_entropy_is_token_aligned(entropy_coef):
 def test_advantage_stats_name_the_backend_and_time(actor):
     batch = make_batch([9, 7, 8, 6], seed=19)
     batch["logprobs"] = actor.compute_logp(batch)
-    want = estimate_advantages(dict(batch), actor.config)["advantages"]
+    want = estimate_advantages(dict(batch), actor.config, actor.gconfig)["advantages"]
     actor.compute_advantages(batch)
     assert batch["advantages"].device == batch["loss_mask"].device
     assert_close(batch["advantages"], want, n=2)

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import torch.distributed as dist
     from arealite.config import PPOActorConfig
-    from arealite.distributed import init_distributed
+    from arealite.world import init_distributed
     from arealite.train import PPOActor
 
     config = PPOActorConfig(path=sys.argv[1])

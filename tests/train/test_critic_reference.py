@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arealite.config import MicroBatchSpec, OptimizerConfig, PPOActorConfig, PPOCriticConfig, TrainEngineConfig
+from arealite.config import (
+    GenerationHyperparameters,
+    MicroBatchSpec,
+    OptimizerConfig,
+    PPOActorConfig,
+    PPOCriticConfig,
+    TrainEngineConfig,
+)
 from arealite.train import PPOActor, PPOCritic, ReferenceModel
 from tests.tolerance import assert_close, magnitude, tolerance
 from tests.train.helpers import make_batch
@@ -34,13 +41,13 @@ def test_values_are_token_aligned(critic):
 def test_gae_advantages_and_critic_update_fit_returns(critic, tiny_model_dir):
     batch = make_batch([9, 5, 7, 8], seed=14)
     batch["rewards"] = torch.tensor([1.0, -1.0, 0.5, 0.0])
-    actor_cfg = PPOActorConfig(path=tiny_model_dir, dtype="float32", group_size=1, adv_norm="none", gamma=1.0, lam=0.95)
+    actor_cfg = PPOActorConfig(path=tiny_model_dir, dtype="float32", group_norm="none", gamma=1.0, lam=0.95)
     from arealite.train.advantage_estimation import estimate_advantages
 
     losses = []
     for _ in range(6):
         batch["values"] = critic.compute_values(batch)
-        batch.update(estimate_advantages(batch, actor_cfg))
+        batch.update(estimate_advantages(batch, actor_cfg, GenerationHyperparameters(group_size=1)))
         losses.append(critic.ppo_update(batch)[0]["value_loss"])
     assert "returns" in batch and losses[-1] < 0.5 * losses[0]
 
@@ -50,12 +57,26 @@ def test_critic_errors_name_the_missing_key(critic):
         critic.ppo_update(make_batch([5, 6]))
 
 
+def test_more_minibatches_than_sequences_is_refused_naming_the_setting(critic):
+    # actor and critic share FSDPEngine.train_minibatches; each names its own config key
+    batch = make_batch([5, 6], seed=16)
+    batch["values"] = batch["returns"] = torch.zeros_like(batch["loss_mask"], dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"2 sequences, fewer than critic.ppo_n_minibatches=3"):
+        critic.train_minibatches(batch, None, None, 3, "critic.ppo_n_minibatches")
+    critic.config.ppo_n_minibatches = 3
+    try:
+        with pytest.raises(ValueError, match=r"critic.ppo_n_minibatches=3"):
+            critic.ppo_update(batch)
+    finally:
+        critic.config.ppo_n_minibatches = 1
+
+
 def test_reference_is_frozen_and_feeds_the_kl_loss(tiny_model_dir):
     ref = ReferenceModel(TrainEngineConfig(path=tiny_model_dir, dtype="float32")).initialize()
     assert ref.optimizer is None
-    cfg = PPOActorConfig(path=tiny_model_dir, dtype="float32", group_size=2, kl_ctl=0.5, kl_estimator="k3",
+    cfg = PPOActorConfig(path=tiny_model_dir, dtype="float32", kl_ctl=0.5, kl_estimator="k3",
                          optimizer=OptimizerConfig(lr=1e-2))  # fmt: skip
-    actor = PPOActor(cfg).initialize()
+    actor = PPOActor(cfg, GenerationHyperparameters(group_size=2)).initialize()
     batch = make_batch([9, 7, 8, 6], seed=15)
     batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0])
     ref_logp = ref.compute_logp(batch)

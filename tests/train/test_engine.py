@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from arealite.algo import losses as L
+from arealite.algo.losses import token_mean
 from arealite.config import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
 from arealite.train.engine import FSDPEngine
 from arealite.train.logprobs import packed_token_logprobs
@@ -28,7 +28,7 @@ def _engine(path: str, **mb) -> FSDPEngine:
 
 def _logp_loss(logits, mb):
     lp = packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"])
-    return L.token_mean(-lp, mb["loss_mask"].bool(), mb["cu_seqlens"]), {}
+    return token_mean(-lp, mb["loss_mask"].bool(), mb["cu_seqlens"]), {}
 
 
 def _weight(mb):
@@ -53,7 +53,7 @@ def test_one_vs_four_micro_batches_same_loss_and_grads(tiny_model_dir):
         engine = _engine(tiny_model_dir, n_mbs=n_mbs)
         acc, total = engine._accumulate_gradients(batch, _logp_loss, _weight)
         grads = {n: p.grad.full_tensor().clone() for n, p in engine.model.named_parameters()}
-        results.append((acc.reduce()["loss"], grads, total))
+        results.append((acc.export()["loss"], grads, total))
     (loss1, g1, t1), (loss4, g4, t4) = results
     assert t1 == t4 == float(batch["loss_mask"].sum())
     assert close(loss1, loss4, n=int(t1))
@@ -111,13 +111,13 @@ def test_lr_schedules(kind):
 def test_checkpoint_resume_continues_identically(tiny_model_dir, tmp_path):
     cfg = TrainEngineConfig(path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2, lr_scheduler_type="linear"))
     batch = make_batch([9, 6, 7], seed=17)
-    engine = FSDPEngine(cfg, total_train_steps=4).initialize()
+    engine = FSDPEngine(cfg, total_optimizer_steps=4).initialize()
     engine.train_batch(batch, _logp_loss, _weight)
     engine.save_checkpoint(str(tmp_path / "ckpt"))
     lr_before = engine.optimizer.param_groups[0]["lr"]
     engine.train_batch(batch, _logp_loss, _weight)
     want = engine.forward(batch)
-    resumed = FSDPEngine(cfg, total_train_steps=4).initialize()
+    resumed = FSDPEngine(cfg, total_optimizer_steps=4).initialize()
     resumed.load_checkpoint(str(tmp_path / "ckpt"))
     assert resumed.optimizer.param_groups[0]["lr"] == lr_before < 1e-2  # the schedule resumed mid-decay
     resumed.train_batch(batch, _logp_loss, _weight)  # needs the restored Adam moments to match
@@ -139,4 +139,4 @@ def test_bf16_mixed_precision_keeps_fp32_masters_and_stays_within_bf16_rounding(
     acc32, _ = fp32._accumulate_gradients(batch, _logp_loss, _weight)
     local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in bf16.model.parameters()]
     assert all(g.dtype == torch.float32 for g in local)  # fp32 master weights and gradient reduction
-    assert close(acc.reduce()["loss"], acc32.reduce()["loss"], torch.bfloat16, k=1)
+    assert close(acc.export()["loss"], acc32.export()["loss"], torch.bfloat16, k=1)

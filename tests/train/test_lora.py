@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("peft", reason="LoRA needs peft: pip install 'arealite[lora]'")
 
-from arealite.algo import losses as L  # noqa: E402
+from arealite.algo.losses import token_mean  # noqa: E402
 from arealite.config import ConfigError, GRPOConfig, LoRAConfig, OptimizerConfig, PPOCriticConfig, TrainEngineConfig, load_config  # noqa: E402
 from arealite.train.engine import FSDPEngine  # noqa: E402
 from arealite.train.logprobs import packed_token_logprobs  # noqa: E402
@@ -26,7 +26,7 @@ LORA = LoRAConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "down_p
 
 def _loss(logits, mb):
     lp = packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"])
-    return L.token_mean(-lp, mb["loss_mask"].bool(), mb["cu_seqlens"]), {}
+    return token_mean(-lp, mb["loss_mask"].bool(), mb["cu_seqlens"]), {}
 
 
 def _weight(mb):
@@ -35,7 +35,7 @@ def _weight(mb):
 
 def _engine(path: str, lr: float = 1e-2, **kw) -> FSDPEngine:
     cfg = TrainEngineConfig(path=path, dtype="float32", optimizer=OptimizerConfig(lr=lr, **kw), lora=LORA)
-    return FSDPEngine(cfg, total_train_steps=4).initialize()
+    return FSDPEngine(cfg, total_optimizer_steps=4).initialize()
 
 
 def _full(model) -> dict[str, torch.Tensor]:

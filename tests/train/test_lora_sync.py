@@ -84,8 +84,8 @@ def sync_and_compare(tiny_model_dir: str, run_dir, dtype: str) -> list[dict]:
     found = []
     try:
         rollout.initialize()
-        config = PPOActorConfig(path=tiny_model_dir, dtype=dtype, group_size=2, optimizer=OptimizerConfig(lr=3e-2), lora=lora)
-        actor = PPOActor(config).initialize()
+        config = PPOActorConfig(path=tiny_model_dir, dtype=dtype, optimizer=OptimizerConfig(lr=3e-2), lora=lora)
+        actor = PPOActor(config, GenerationHyperparameters(group_size=2)).initialize()
         meta_for = init_weight_update(actor, rollout, "lora", str(run_dir), rank=0, keep_versions=1)
         for version in (1, 2):
             _train(actor, seed=10 * version)

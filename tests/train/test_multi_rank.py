@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 from arealite.server.process import launch_server_process
 from tests.train import dist_worker
 from tests.tolerance import assert_close, close
-from tests.train.helpers import free_port, run_ranks
+from arealite.utils.net import free_ports
+from tests.train.helpers import run_ranks
 from tests.train.server_utils import batch_from_results, generate
 
 PROMPTS = [[5, 17, 42, 99], [300, 12], [7, 8, 9, 10, 11, 12]]
@@ -81,7 +82,8 @@ def test_distributed_weight_sync_two_ranks_two_servers(tiny_model_dir, tmp_path)
     try:
         params = {"max_new_tokens": 10, "temperature": 0.0, "ignore_eos": True}
         before = [generate(s, PROMPTS, params) for s in servers]
-        run_ranks(2, ["sync", tiny_model_dir, str(tmp_path), ",".join(s.address for s in servers), str(free_port())])
+        addrs = ",".join(s.address for s in servers)
+        run_ranks(2, ["sync", tiny_model_dir, str(tmp_path), addrs, str(free_ports(1)[0])])
         after = [generate(s, PROMPTS, params) for s in servers]
     finally:
         for s in servers:

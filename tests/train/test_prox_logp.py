@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arealite.config import MicroBatchSpec, OptimizerConfig, PPOActorConfig
+from arealite.config import GenerationHyperparameters, MicroBatchSpec, OptimizerConfig, PPOActorConfig
 from arealite.train.actor import PPOActor
 from tests.tolerance import assert_close, close
 from tests.train.helpers import make_batch
@@ -23,8 +23,8 @@ ROUNDING_N = sum(LENS) * 64  # gradients sum over every token through 64-long do
 
 
 def _actor(model_dir: str, **overrides) -> PPOActor:
-    cfg = dict(path=model_dir, dtype="float32", group_size=2, optimizer=OptimizerConfig(lr=1e-3), mb_spec=MicroBatchSpec(n_mbs=2))
-    return PPOActor(PPOActorConfig(**{**cfg, **overrides})).initialize()
+    cfg = dict(path=model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-3), mb_spec=MicroBatchSpec(n_mbs=2))
+    return PPOActor(PPOActorConfig(**{**cfg, **overrides}), GenerationHyperparameters(group_size=2)).initialize()
 
 
 def _batch(actor: PPOActor, seed: int) -> dict[str, torch.Tensor]:
@@ -106,7 +106,7 @@ def test_several_minibatches_recompute_prox_logp_before_the_first(tiny_model_dir
 
 
 def test_kl_in_reward_advantages_recompute_prox_logp_once(tiny_model_dir):
-    actor = _actor(tiny_model_dir, kl_ctl=0.5, kl_in_reward=True, adv_norm="none")
+    actor = _actor(tiny_model_dir, kl_ctl=0.5, kl_in_reward=True, group_norm="none")
     batch = _batch(actor, seed=33)
     batch["ref_logp"] = batch["logprobs"] - 0.3 * batch["loss_mask"]
     want = actor.compute_logp(batch)

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from arealite.config import OptimizerConfig, PPOActorConfig
+from arealite.config import GenerationHyperparameters, OptimizerConfig, PPOActorConfig
 from arealite.server.process import launch_server_process
 from arealite.train.actor import PPOActor
 from arealite.types import WeightUpdateMeta
@@ -38,7 +38,8 @@ def server(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def actor(tiny_model_dir):
-    return PPOActor(PPOActorConfig(path=tiny_model_dir, dtype="float32", group_size=2, optimizer=OptimizerConfig(lr=3e-2))).initialize()
+    config = PPOActorConfig(path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=3e-2))
+    return PPOActor(config, GenerationHyperparameters(group_size=2)).initialize()
 
 
 @pytest.mark.timeout(180)

@@ -1,14 +1,10 @@
-"""Statistics of a trajectory batch (DESIGN §5) over all trainer ranks, for the stats row."""
+"""Statistics of a trajectory batch (docs/architecture.md §5) over all trainer ranks, for the stats row."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-import torch.distributed as dist
 
-from arealite import distributed as dist_utils
-from arealite.utils.stats_tracker import StatsTracker
+from arealite.stats.tracker import StatsTracker
 
 
 def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: int | None = None) -> dict[str, float]:
@@ -38,12 +34,3 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
         tracker.masked_mean("kl_ref", batch["logprobs"].float() - batch["ref_logp"].float(), loss_mask)
     return tracker.export()
 
-
-def gather_prompt_ids(records: list[dict[str, Any]]) -> list[str]:
-    """The `id`s of every rank's prompts of this step, in rank order; collective."""
-    ids = [str(r.get("id", "")) for r in records]
-    if not (dist_utils.is_initialized() and dist_utils.world_size() > 1):
-        return ids
-    gathered: list[list[str] | None] = [None] * dist_utils.world_size()
-    dist.all_gather_object(gathered, ids)
-    return [i for part in gathered for i in (part or [])]

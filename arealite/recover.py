@@ -27,15 +27,16 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from arealite import distributed as dist_utils
+from arealite import world
 from arealite.config import RecoverConfig
-from arealite.utils.seeding import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 _MANIFEST = "manifest.json"
@@ -78,13 +79,13 @@ class Recover:
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
-        dist_utils.barrier()
+        world.barrier()
         actor.save_checkpoint(os.path.join(partial, "train_state"))
         local = {"dataloader": dataloader.state_dict() if dataloader is not None else None, "rng": rng_state()}
         torch.save(local, os.path.join(partial, f"rank{self.rank}.pt"))
-        dist_utils.barrier()
+        world.barrier()
         if self.rank == 0:
-            meta = {"step": step, "version": version, "world_size": dist_utils.world_size(), "extra": extra or {}}
+            meta = {"step": step, "version": version, "world_size": world.world_size(), "extra": extra or {}}
             if stats_logger is not None:
                 meta["stats_logger"] = stats_logger.state_dict()
             with open(os.path.join(partial, "meta.json"), "w") as f:
@@ -94,7 +95,7 @@ class Recover:
             os.replace(partial, final)
             _write_atomic(os.path.join(self.root, "latest"), name)
             self._prune(keep=name)
-        dist_utils.barrier()
+        world.barrier()
         return final
 
     def _prune(self, keep: str) -> None:
@@ -157,10 +158,10 @@ class Recover:
             print(f"[recover] skipped damaged checkpoints ({'; '.join(rejected)}); resuming from {path}", flush=True)
         with open(os.path.join(path, "meta.json")) as f:
             meta = json.load(f)
-        if meta["world_size"] != dist_utils.world_size():
+        if meta["world_size"] != world.world_size():
             raise RecoverError(
                 f"checkpoint {path} was written by {meta['world_size']} trainer ranks but this run has "
-                f"{dist_utils.world_size()}; relaunch with launcher.n_trainers={meta['world_size']}"
+                f"{world.world_size()}; relaunch with launcher.n_trainers={meta['world_size']}"
             )
         actor.load_checkpoint(os.path.join(path, "train_state"))
         local = torch.load(os.path.join(path, f"rank{self.rank}.pt"), weights_only=False)
@@ -169,13 +170,13 @@ class Recover:
         set_rng_state(local["rng"])
         if stats_logger is not None and "stats_logger" in meta:
             stats_logger.load_state_dict(meta["stats_logger"], after_step=meta["step"])
-        dist_utils.barrier()
+        world.barrier()
         return RecoverInfo(step=meta["step"], version=meta["version"], extra=meta.get("extra", {}))
 
 
 def _from_rank0(value):
     """Rank 0's `value` on every rank (all ranks must load the same checkpoint)."""
-    if dist_utils.world_size() == 1:
+    if world.world_size() == 1:
         return value
     import torch.distributed as dist
 
@@ -272,3 +273,20 @@ class EngineGroup:
         self.actor.load_checkpoint(path)
         for name, engine in self.others.items():
             engine.load_checkpoint(f"{path}.{name}")
+
+
+def rng_state() -> dict[str, Any]:
+    """The state of Python's, NumPy's and torch's default generators (CPU, and CUDA if used)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` returned."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,4 +1,4 @@
-"""Per-sample sampling seeds and the process RNG states, for runs that replay exactly.
+"""Per-sample sampling seeds, for runs that replay exactly.
 
 A seeded request is sampled from its own generator on the server, so its tokens depend only
 on the weights, the prompt and its seed — not on which server ran it or what else was in the
@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import random
 from typing import Any
-
-import numpy as np
-import torch
 
 _SEED_BITS = 62  # the built-in server adds the copy index to a seed; stay clear of int64 overflow
 
@@ -42,20 +38,3 @@ def seeded_gconfig(gconfig: Any, data: dict[str, Any], prompt_ids: list[int], in
     if base is None:
         return gconfig
     return dataclasses.replace(gconfig, sampling_seed=sample_seed(base, prompt_key(data, prompt_ids), index, version))
-
-
-def rng_state() -> dict[str, Any]:
-    """The state of Python's, NumPy's and torch's default generators (CPU, and CUDA if used)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` returned."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

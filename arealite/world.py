@@ -1,4 +1,4 @@
-"""Process-group setup for the trainer: torchrun's environment, or one plain process.
+"""The trainer's world of ranks: process-group setup from torchrun's environment, or one plain process.
 
 `init_distributed()` is idempotent. Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) it joins
 the job with `env://`; in a plain `python` process or a notebook it creates a world of one

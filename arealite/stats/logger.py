@@ -1,5 +1,5 @@
 """Per-step statistics: a jsonl file per run, a console line, a progress bar, and optional
-tensorboard and wandb; PNG plots at the end (`arealite.utils.plots`).
+tensorboard and wandb; PNG plots at the end (`arealite.stats.plots`).
 
 Only the main process (rank 0) writes. Values are plain floats: reduce across ranks before
 calling `commit` (`StatsTracker.export()` and the actor's stats already are). tensorboard and
@@ -11,19 +11,12 @@ its checkpoint, so `stats.jsonl` holds every step exactly once.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
 from typing import Any
 
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item") and callable(value.item):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN/inf; a null stands out when read back
-    return value
+from arealite.stats.jsonl import plain, stats_path, truncate_after
 
 
 class StatsLogger:
@@ -74,7 +67,7 @@ class StatsLogger:
 
     @property
     def jsonl_path(self) -> str:
-        return os.path.join(self.run_dir, "stats.jsonl")
+        return stats_path(self.run_dir)
 
     def elapsed(self) -> float:
         return self._elapsed_before + time.monotonic() - self._start
@@ -84,7 +77,7 @@ class StatsLogger:
         if self.rank != 0:
             return
         row = {"step": step, "elapsed_s": round(self.elapsed(), 3)}
-        row.update({k: _plain(v) for k, v in stats.items()})
+        row.update({k: plain(v) for k, v in stats.items()})
         if self._file is not None:
             self._file.write(json.dumps(row) + "\n")
         numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
@@ -115,13 +108,17 @@ class StatsLogger:
             return
         if self._file is not None:
             self._file.close()
-            rows = read_stats(self.run_dir) if os.path.isfile(self.jsonl_path) else []
-            with open(self.jsonl_path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows if r.get("step", -1) <= after_step)
+            truncate_after(self.run_dir, after_step)
             self._file = open(self.jsonl_path, "a", buffering=1)
         if self._bar is not None:
             self._bar.n = after_step + 1
             self._bar.refresh()
+
+    def __enter__(self) -> StatsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # idempotent: a loop that already closed with plot=True is not affected
 
     def close(self, plot: bool = False) -> str | None:
         """Close every sink; with `plot`, write `<run_dir>/plots.png` and return its path."""
@@ -138,12 +135,13 @@ class StatsLogger:
             self._wandb.finish()
             self._wandb = None
         if plot and self.rank == 0 and os.path.isfile(self.jsonl_path):
-            from arealite.utils.plots import plot_run
+            from arealite.stats.plots import plot_run
 
             try:
                 return plot_run(self.run_dir)
             except ImportError as e:  # a finished run must not fail over its picture
-                print(f"[stats] no plots: {e}; pip install matplotlib, then python -m arealite.utils.plots {self.run_dir}")
+                hint = f"pip install matplotlib, then python -m arealite.stats.plots {self.run_dir}"
+                print(f"[stats] no plots: {e}; {hint}")
         return None
 
 
@@ -169,8 +167,3 @@ def _wandb_run(run_dir: str, mode: str, name: str, config: dict | None):
         ) from e
     return wandb.init(mode=mode, dir=run_dir, name=name or None, config=config or {}, reinit=True)
 
-
-def read_stats(run_dir: str) -> list[dict[str, Any]]:
-    """The rows written by a StatsLogger, in order."""
-    with open(os.path.join(run_dir, "stats.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]

@@ -14,15 +14,16 @@ from arealite.config import OptimizerConfig, RecoverConfig, TrainEngineConfig
 from arealite.data.arithmetic import make_arithmetic_dataset
 from arealite.data.loader import create_dataloader
 from arealite.train.engine import FSDPEngine
-from arealite.utils.recover import Recover, RecoverError
-from arealite.utils.stats_logger import StatsLogger, read_stats
+from arealite.recover import Recover, RecoverError
+from arealite.stats.jsonl import read_stats
+from arealite.stats.logger import StatsLogger
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _engine(path: str) -> FSDPEngine:
     opt = OptimizerConfig(lr=1e-2, lr_scheduler_type="linear", warmup_steps_proportion=0.2)
-    return FSDPEngine(TrainEngineConfig(path=path, dtype="float32", optimizer=opt), total_train_steps=10).initialize()
+    return FSDPEngine(TrainEngineConfig(path=path, dtype="float32", optimizer=opt), total_optimizer_steps=10).initialize()
 
 
 def _step(engine: FSDPEngine, seed: int) -> None:
@@ -147,7 +148,7 @@ def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(three_checkpoi
     shutil.copytree(source, tmp_path / "run")
     damaged = _damage(tmp_path / "run" / "checkpoints" / "step_2", how)
     engine = _engine(tiny_model_dir)
-    with caplog.at_level("WARNING", logger="arealite.utils.recover"):
+    with caplog.at_level("WARNING", logger="arealite.recover"):
         info = Recover(RecoverConfig(mode="resume"), str(tmp_path / "run")).load(engine, None)
     assert (info.step, info.version) == (1, 2)
     got = _params(engine)

@@ -1,16 +1,19 @@
-"""StatsTracker means against naive loops (1 and 2 ranks); StatsLogger rows, recovery and plots."""
+"""StatsTracker (the one reducer: masked means, weighted micro-batch stats, extrema) against naive loops on
+1 and 2 ranks; StatsLogger rows, recovery and plots."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from arealite.utils.stats_logger import StatsLogger, read_stats
-from arealite.utils.stats_tracker import StatsTracker
+from arealite.stats.jsonl import read_stats
+from arealite.stats.logger import StatsLogger
+from arealite.stats.tracker import StatsTracker
 
 
 def test_masked_mean_and_extrema_equal_a_naive_loop():
@@ -26,6 +29,25 @@ def test_masked_mean_and_extrema_equal_a_naive_loop():
     assert tracker.export() == {}, "export resets the tracker"
 
 
+def test_weighted_microbatch_stats_equal_a_naive_loop_and_an_empty_mean_is_nan():
+    # The train engine adds each micro-batch's stats weighted by its loss weight (token count).
+    torch.manual_seed(1)
+    tracker = StatsTracker()
+    mbs = [({"loss": float(torch.randn(())), "ratio_max": float(torch.rand(())), "ratio_min": -float(torch.rand(()))},
+            float(w)) for w in (3, 1, 7)]  # fmt: skip
+    for stats, weight in mbs:
+        tracker.add(stats, weight)
+    tracker.scalar("never", 1.0, weight=0.0)
+    tracker.masked_mean("empty", torch.ones(2), torch.zeros(2, dtype=torch.bool))
+    out = tracker.export()
+    expected = sum(s["loss"] * w for s, w in mbs) / sum(w for _, w in mbs)
+    assert out["loss"] == pytest.approx(expected)
+    assert out["ratio_max"] == max(s["ratio_max"] for s, _ in mbs)
+    assert out["ratio_min"] == min(s["ratio_min"] for s, _ in mbs)
+    assert "ratio_max_max" not in out and "loss_max" not in out  # extrema keys are not means
+    assert math.isnan(out["never"]) and math.isnan(out["empty"]) and "empty_max" not in out
+
+
 def test_mask_shape_mismatch_names_the_stat():
     with pytest.raises(ValueError, match="'reward'"):
         StatsTracker().masked_mean("reward", torch.zeros(4), torch.ones(3, dtype=torch.bool))
@@ -38,21 +60,26 @@ def _two_rank_worker(rank: int, port: int, out: dict) -> None:
     tracker = StatsTracker()
     # unequal shares: rank 0 holds 1 value, rank 1 holds 3
     tracker.masked_mean("r", torch.tensor([1.0]) if rank == 0 else torch.tensor([2.0, 3.0, 10.0]))
+    # rank 0 sees no value of "e": the ranks still reduce the same keys
+    tracker.masked_mean("e", torch.tensor([5.0]), torch.tensor([rank == 1]))
+    tracker.add({"loss": 1.0 if rank == 0 else 4.0, "w_max": float(rank)}, weight=1.0 if rank == 0 else 2.0)
     out[rank] = tracker.export()
     dist.destroy_process_group()
 
 
 @pytest.mark.timeout(120)
 def test_two_ranks_reduce_to_the_global_mean_not_the_mean_of_means():
-    from arealite.server.process import free_port
+    from arealite.utils.net import free_ports
 
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_two_rank_worker, args=(free_port(), out), nprocs=2, join=True)
+        mp.spawn(_two_rank_worker, args=(free_ports(1)[0], out), nprocs=2, join=True)
         results = dict(out)
     for rank in (0, 1):
         assert results[rank]["r"] == pytest.approx(16.0 / 4)  # mean of means would be 3.25
         assert results[rank]["r_max"] == 10.0 and results[rank]["r_min"] == 1.0
+        assert results[rank]["e"] == 5.0 and results[rank]["e_min"] == 5.0
+        assert results[rank]["loss"] == pytest.approx((1.0 + 8.0) / 3) and results[rank]["w_max"] == 1.0
 
 
 def test_logger_rows_and_recovery_truncation(tmp_path):
@@ -98,7 +125,7 @@ def test_missing_optional_backends_fail_naming_the_fix(tmp_path, monkeypatch):
 
 def test_plot_writes_a_png_with_every_panel(tmp_path):
     pytest.importorskip("matplotlib")
-    from arealite.utils.plots import PANELS, _keys_like, main, plot_run
+    from arealite.stats.plots import PANELS, _keys_like, main, plot_run
 
     rows = []
     for step in range(5):

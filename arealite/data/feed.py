@@ -20,10 +20,21 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from arealite.utils.training_stats import gather_prompt_ids
+from arealite import world
 
 INDEX_KEY = "prompt_index"  # per-sequence [B] tensor: which handed-out prompt a row came from
+
+
+def gather_prompt_ids(records: list[dict[str, Any]]) -> list[str]:
+    """The `id`s of every rank's prompts of this step, in rank order; collective."""
+    ids = [str(r.get("id", "")) for r in records]
+    if not (world.is_initialized() and world.world_size() > 1):
+        return ids
+    gathered: list[list[str] | None] = [None] * world.world_size()
+    dist.all_gather_object(gathered, ids)
+    return [i for part in gathered for i in (part or [])]
 
 
 class DataFeed:

@@ -2,7 +2,7 @@
 truncated fraction, train-inference mismatch, staleness, loss and KL, timings per step, and
 what dynamic sampling dropped.
 
-    python -m arealite.utils.plots RUN_DIR        # writes RUN_DIR/plots.png
+    python -m arealite.stats.plots RUN_DIR        # writes RUN_DIR/plots.png
 
 matplotlib is imported here only (Agg backend, no display needed). A panel whose keys a run
 never logged says so instead of disappearing, so a missing metric is visible. A y key ending
@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any
 
-from arealite.utils.stats_logger import read_stats
+from arealite.stats.jsonl import read_stats
 
 # (title, x key, [y keys]); every y key (or key family) the run logged is drawn
 PANELS: list[tuple[str, str, list[str]]] = [
@@ -97,7 +97,7 @@ def plot_run(run_dir: str, out_path: str | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not os.path.isfile(os.path.join(argv[0], "stats.jsonl")):
-        print("usage: python -m arealite.utils.plots RUN_DIR   (a folder holding stats.jsonl)", file=sys.stderr)
+        print("usage: python -m arealite.stats.plots RUN_DIR   (a folder holding stats.jsonl)", file=sys.stderr)
         return 2
     print(plot_run(argv[0]))
     return 0
