@@ -31,20 +31,17 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from arealite.config import InferenceEngineConfig
+from arealite.interfaces import AcceptFn, Batch, RolloutWorkflow, Trajectory
 from arealite.rollout.batch import concat_padded
 from arealite.rollout.watchdog import RolloutStalledError, Watchdog, adiagnose, report_stall
 
 if TYPE_CHECKING:
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
 
-Trajectory = dict[str, torch.Tensor]
 _WAIT_SLICE = 0.5  # seconds prepare_batch waits before topping up the queue again
 _POLL_S = 1.0  # longest a waiting call sleeps between looks at its state
 
@@ -56,8 +53,8 @@ class RolloutWorkflowError(RuntimeError):
 @dataclass
 class _Episode:
     data: dict[str, Any]
-    workflow: Any
-    should_accept: Callable[[Trajectory], bool] | None
+    workflow: RolloutWorkflow
+    should_accept: AcceptFn | None
     ticket: asyncio.Future | None = None  # rollout_batch: where the result goes
     started: float = 0.0  # monotonic time the episode started running
 
@@ -183,7 +180,7 @@ class WorkflowExecutor:
 
     # ---- the asynchronous queue (caller's thread) ---------------------------------------
 
-    def submit(self, data: dict[str, Any], workflow: Any, should_accept: Callable[[Trajectory], bool] | None = None) -> None:
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> None:
         """Queue one episode; it starts as soon as the staleness and concurrency bounds allow."""
         if not hasattr(workflow, "arun_episode"):
             raise TypeError(f"workflow {workflow!r} has no arun_episode(engine, data); subclass RolloutWorkflow")
@@ -208,7 +205,7 @@ class WorkflowExecutor:
             self._ready = fresh
             self.engine.loop.call_soon(self.schedule)
 
-    def wait(self, count: int, timeout: float | None = None) -> Trajectory:
+    def wait(self, count: int, timeout: float | None = None) -> Batch:
         """Block until `count` accepted trajectories are ready; return them stacked and padded.
 
         Raises TimeoutError after `timeout` seconds (the trajectories stay queued),
@@ -217,7 +214,7 @@ class WorkflowExecutor:
         """
         return self._wait(count, timeout, time.monotonic())
 
-    def _wait(self, count: int, timeout: float | None, waiting_since: float) -> Trajectory:
+    def _wait(self, count: int, timeout: float | None, waiting_since: float) -> Batch:
         if count < 1:
             raise ValueError(f"wait(count={count}): count must be >= 1")
         if self.batch_size is None:
@@ -280,8 +277,8 @@ class WorkflowExecutor:
         report_stall(verdict, text)
 
     def prepare_batch(
-        self, dataloader: Any, workflow: Any, should_accept: Callable[[Trajectory], bool] | None = None
-    ) -> Trajectory:
+        self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> Batch:
         """The next batch of `dataloader.batch_size` trajectories, generated asynchronously.
 
         Keeps the loader's iterator between calls (a new epoch starts when it runs out) and
@@ -322,16 +319,16 @@ class WorkflowExecutor:
     # ---- synchronous batches ------------------------------------------------------------
 
     def rollout_batch(
-        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[Trajectory], bool] | None = None
-    ) -> Trajectory:
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> Batch:
         """Run one episode per item now; return the accepted trajectories in input order."""
         if not data:
             raise ValueError("rollout_batch got no data; pass a non-empty list of records")
         return self.engine.loop.run(self._arollout_batch(_as_records(data), workflow, should_accept))
 
     async def _arollout_batch(
-        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[Trajectory], bool] | None
-    ) -> Trajectory:
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None
+    ) -> Batch:
         loop = asyncio.get_running_loop()
         tickets = []
         with self._lock:

@@ -26,10 +26,7 @@ import concurrent.futures
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from arealite.config import InferenceEngineConfig
 from arealite.rollout import protocol
@@ -40,6 +37,7 @@ from arealite.rollout.loop import EventLoopThread
 from arealite.rollout.servers import ServerPool
 from arealite.rollout.transport import make_session, request
 from arealite.rollout.weight_update import WeightUpdater
+from arealite.interfaces import AcceptFn, Batch, RolloutWorkflow
 from arealite.types import ModelRequest, ModelResponse, WeightUpdateMeta
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
@@ -391,22 +389,22 @@ class RemoteSGLangEngine:
 
     # ---- workflows (delegated to the executor) -------------------------------------------
 
-    def submit(self, data: dict[str, Any], workflow: Any, should_accept: Callable[[dict], bool] | None = None) -> None:
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> None:
         """Queue one episode of `workflow` on `data`; it starts when the staleness bound allows."""
         self.executor.submit(data, workflow, should_accept)
 
-    def wait(self, count: int, timeout: float | None = None) -> dict[str, torch.Tensor]:
+    def wait(self, count: int, timeout: float | None = None) -> Batch:
         """Block until `count` accepted trajectories are ready; return them as one padded batch."""
         return self.executor.wait(count, timeout)
 
     def rollout_batch(
-        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[dict], bool] | None = None
-    ) -> dict[str, torch.Tensor]:
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> Batch:
         """Run `workflow` on every item of `data` now and return their trajectories in order."""
         return self.executor.rollout_batch(data, workflow, should_accept)
 
     def prepare_batch(
-        self, dataloader: Any, workflow: Any, should_accept: Callable[[dict], bool] | None = None
-    ) -> dict[str, torch.Tensor]:
+        self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> Batch:
         """The next training batch, generated asynchronously within the staleness bound."""
         return self.executor.prepare_batch(dataloader, workflow, should_accept)
