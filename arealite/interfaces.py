@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from arealite.config import InferenceEngineConfig
 from arealite.types import ModelRequest, ModelResponse, WeightUpdateMeta
 
 # What one episode returns: `[G, T]` tensors `input_ids, attention_mask, loss_mask, logprobs,
@@ -43,7 +44,11 @@ PostHook = Callable[[torch.Tensor, Batch], torch.Tensor]
 
 @runtime_checkable
 class InferenceEngine(Protocol):
-    """The rollout client. Workflows call only `agenerate` and `get_version`."""
+    """The rollout client. Workflows call only `agenerate` and `get_version`; the weight sync
+    (`arealite.weight_sync`) calls the server-side verbs below them, on trainer rank 0 unless
+    noted."""
+
+    config: InferenceEngineConfig
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """One sample for `req`, surviving interruptions and server failures."""
@@ -71,6 +76,24 @@ class InferenceEngine(Protocol):
 
     def confirm_version(self, version: int) -> dict[str, str]:
         """{server: weight_version} of the servers in rotation; raises if one reports another."""
+        ...
+
+    def set_lora_adapter(self, name: str | None) -> None:
+        """Generate with the LoRA adapter loaded as `name` (every trainer rank)."""
+        ...
+
+    def current_weight_group(self) -> tuple[WeightUpdateMeta | None, list[str]]:
+        """The weight-update group the servers last joined (None if none) and its members."""
+        ...
+
+    def weight_group_candidates(self) -> list[str]:
+        """Servers a new weight-update group should hold (alive now)."""
+        ...
+
+    def leave_weights_update_group(self) -> None: ...
+
+    def exclude_dead(self, addresses: list[str]) -> list[str]:
+        """Take the servers of `addresses` that are not alive out of rotation; returns them."""
         ...
 
     def submit(self, data: dict[str, Any], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> None:

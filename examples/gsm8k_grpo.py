@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 from arealite.config import GRPOConfig, load_config, save_config
 from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
-from arealite.distributed import barrier, init_distributed
+from arealite.distributed import init_distributed
 from arealite.eval import Evaluator
 from arealite.eval.task import held_out_records, reward_fn_for
 from arealite.reward.pool import RewardPool
@@ -38,7 +38,7 @@ from arealite.utils.stats_tracker import StatsTracker
 from arealite.utils.timing import StepTimer
 from arealite.utils.data_feed import DataFeed
 from arealite.utils.training_stats import batch_stats
-from arealite.utils.weight_sync import init_weight_update, sync_weights
+from arealite.weight_sync import WeightSync
 from arealite.workflow import RLVRWorkflow
 
 
@@ -76,15 +76,15 @@ def main(argv: list[str]) -> None:
         held_out = held_out_records(config, tokenizer)
         evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size, reward_pool)
 
-    meta_for = init_weight_update(
-        actor, rollout, config.weight_update, config.run_dir, rank, keep_versions=config.weight_keep_versions
+    weight_sync = WeightSync(
+        actor, rollout, config.weight_update, config.run_dir, keep_versions=config.weight_keep_versions
     )
     recover, trained = Recover(config.recover, config.run_dir, rank), EngineGroup(actor, critic=critic)
     resumed = recover.load(trained, feed, stats_logger)
     start, version = (resumed.step + 1, resumed.version) if resumed else (0, 0)
     accuracy = resumed.extra.get("accuracy", {}) if resumed else {}  # version -> held-out pass@1
     if resumed:  # the servers may hold other weights than the checkpoint's
-        sync_weights(actor, rollout, meta_for(version), rank, barrier)
+        weight_sync.sync(version)
 
     prompt_batches = chain.from_iterable(repeat(feed))  # synchronous runs' prompts, epoch after epoch
     tracker, timer = StatsTracker(), StepTimer()
@@ -118,7 +118,7 @@ def main(argv: list[str]) -> None:
                 stats["prompt_ids"] = feed.consume(batch if asynchronous or sampler else None)  # the trained prompts
             with timer("weight_sync"):
                 version = step + 1
-                sync_weights(actor, rollout, meta_for(version), rank, barrier)
+                weight_sync.sync(version)
             with timer("save"):
                 if recover.should_save(step, config.total_train_steps):
                     recover.save(step, version, trained, feed, stats_logger, {"accuracy": accuracy})
@@ -133,6 +133,7 @@ def main(argv: list[str]) -> None:
         accuracy[str(version)] = final["eval/pass@1"]
         stats_logger.commit(config.total_train_steps, {**final, "eval/version": version})
     plot = stats_logger.close(plot=config.stats_logger.plot)
+    weight_sync.close()
     rollout.destroy()
     reward_pool.close()
     for engine in (actor, critic, ref):

@@ -66,10 +66,14 @@ def test_implementation_has_every_member_with_the_same_parameters(protocol, impl
     assert _check(protocol, impl) == []
 
 
-def test_train_engine_attributes_are_set_by_initialize():
-    """`device` and `compute_dtype` are instance attributes: FSDPEngine.initialize sets them."""
-    source = inspect.getsource(FSDPEngine.initialize)
-    for name in TrainEngine.__annotations__:
+@pytest.mark.parametrize(
+    "protocol, method", [(TrainEngine, FSDPEngine.initialize), (InferenceEngine, RemoteSGLangEngine.__init__)]
+)
+def test_protocol_attributes_are_set_by_the_implementation(protocol, method):
+    """Data members (`device`, `compute_dtype`, `config`) are instance attributes set by these methods."""
+    source = inspect.getsource(method)
+    assert protocol.__annotations__
+    for name in protocol.__annotations__:
         assert f"self.{name} =" in source, name
 
 

@@ -230,7 +230,7 @@ class RemoteSGLangEngine:
         as rank 1 + i (non-blocking)."""
         return self._loop.submit(self.weights.ainit_group(meta, members))
 
-    # The distributed weight sync's view of the servers (arealite.utils.distributed_sync); blocking.
+    # The distributed weight sync's view of the servers (arealite.weight_sync.distributed); blocking.
 
     def current_weight_group(self) -> tuple[WeightUpdateMeta | None, list[str]]:
         """The weight-update group the servers last joined (None if none) and its members."""

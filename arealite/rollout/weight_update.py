@@ -24,7 +24,7 @@ client asks for; a name already loaded (a trainer restarted against running serv
 unloaded and loaded again, since its files may differ now. Only pause mode abort: a request
 kept on a paused SGLang server would finish on the adapter it started with.
 
-Distributed groups (module `arealite.utils.distributed_sync` drives them): the client keeps
+Distributed groups (`arealite.weight_sync.distributed` drives them): the client keeps
 the current group's `members`, sends bucket calls to exactly those, and keeps feeding the
 live ones when one fails, so the trainer's broadcast is held up by nobody but the failed
 server. `rollout.weight_update_timeout` bounds every wait, and goes in the init body as

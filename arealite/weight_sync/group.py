@@ -4,7 +4,7 @@ A weight-update group is separate from the trainer's default group: the trainer'
 (rank 0 here, the broadcast source) and every server (ranks `rank_offset ...`) meet through
 a TCPStore hosted by rank 0 at `master_address:master_port`. No default process group is
 needed, so a server process can join without torchrun. Same contract as SGLang's
-`/init_weights_update_group` (SGLANG_PROTOCOL.md §3.3).
+`/init_weights_update_group` (docs/protocol.md §3.3).
 
 `timeout` bounds forming the group and every collective on it (gloo: each send/receive;
 NCCL: its watchdog). A group whose collective failed is unusable; dropping the last
