@@ -23,21 +23,15 @@ import sys
 import torch
 from transformers import AutoTokenizer
 
-from arealite.config import ConfigError, GRPOConfig, load_config, save_config
-from arealite.data.loader import create_dataloader, load_records
-from arealite.distributed import all_reduce, init_distributed
+from arealite import (
+    GRPOConfig, PPOActor, RemoteSGLangEngine, RewardPool, StatsLogger, StatsTracker, StepTimer, ToolUseWorkflow,
+    WeightSync, batch_stats, create_dataloader, held_out_records, init_distributed, load_config, load_records,
+    reward_fn_for, save_config,
+)  # fmt: skip
+from arealite.config import ConfigError
+from arealite.distributed import all_reduce
 from arealite.eval.evaluator import eval_gconfig
-from arealite.eval.task import held_out_records, reward_fn_for
-from arealite.reward.pool import RewardPool
-from arealite.rollout import RemoteSGLangEngine
-from arealite.train import PPOActor
 from arealite.utils.imports import import_object
-from arealite.utils.stats_logger import StatsLogger
-from arealite.utils.stats_tracker import StatsTracker
-from arealite.utils.timing import StepTimer
-from arealite.utils.training_stats import batch_stats
-from arealite.weight_sync import WeightSync
-from arealite.workflow import ToolUseWorkflow
 from arealite.workflow.tools import DisabledTool
 
 

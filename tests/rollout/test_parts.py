@@ -95,7 +95,8 @@ def test_generation_resubmits_after_an_abort_with_the_remaining_budget():
     """An abort reply with 2 tokens: the next /generate carries them in its prompt and asks for 2 fewer."""
     def reply(tokens, finish):
         logprobs = [[-0.1, t, None] for t in tokens]
-        return {"output_ids": tokens, "meta_info": {"finish_reason": {"type": finish}, "output_token_logprobs": logprobs}}
+        meta = {"finish_reason": {"type": finish}, "output_token_logprobs": logprobs}
+        return {"output_ids": tokens, "meta_info": meta}
 
     replies = iter([reply([7, 8], "abort"), reply([9], "stop")])
     config = InferenceEngineConfig()
