@@ -67,12 +67,15 @@ class RemoteSGLangEngine:
     workflows as their InferenceEngine).
     """
 
-    def __init__(self, config: InferenceEngineConfig, addresses: list[str] | None = None) -> None:
+    def __init__(
+        self, config: InferenceEngineConfig, addresses: list[str] | None = None, transport: Transport | None = None
+    ) -> None:
+        """`transport`: default a real HTTP one; tests of request shapes pass a fake."""
         addresses = addresses_from_env() if addresses is None else list(addresses)
         self.config = config
         self.pool = ServerPool([_check_address(a) for a in addresses])
         self._loop = EventLoopThread()
-        self.transport = Transport()
+        self.transport = transport or Transport()
         self.gate = VersionGate()
         self.health = HealthMonitor(self.transport, self.pool, self.gate, config, resync=self._resync)
         self.weights = WeightUpdater(self.transport, self.pool, config, self.health)
@@ -182,7 +185,7 @@ class RemoteSGLangEngine:
     async def _apause(self) -> None:
         self.gate.pause()
         # A JSON body is required from 0.5.6; <= 0.5.5 ignores it and always aborts (§2.1), which
-        # the resubmission path in _agenerate absorbs.
+        # the resubmission path in generation.py absorbs.
         await self._post_all("/pause_generation", {"mode": self.config.pause_mode})
         if self.config.pause_grace_period > 0:
             await asyncio.sleep(self.config.pause_grace_period)

@@ -12,6 +12,7 @@ from arealite.rollout.errors import TransientServerError, WeightUpdateError
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.generation import SampleGenerator
 from arealite.rollout.health import HealthMonitor
+from arealite.rollout.remote_sglang import RemoteSGLangEngine
 from arealite.rollout.servers import ServerPool
 from arealite.rollout.weight_update import WeightUpdater
 from arealite.types import ModelRequest, WeightUpdateMeta
@@ -114,3 +115,20 @@ def test_generation_resubmits_after_an_abort_with_the_remaining_budget():
     assert first["input_ids"] == [1, 2, 3] and first["sampling_params"]["max_new_tokens"] == 5
     assert second["input_ids"] == [1, 2, 3, 7, 8] and second["sampling_params"]["max_new_tokens"] == 3
     assert resp.output_tokens == [7, 8, 9] and resp.n_interruptions == 1 and resp.stop_reason == "stop"
+
+
+@pytest.mark.parametrize("mode", ["abort", "retract"])
+def test_the_client_on_a_fake_transport_pauses_and_resumes_every_server(mode):
+    """The whole client runs on a fake transport (every /health answers 200): pause and resume
+    send their bodies to each server in rotation, and a server that cannot be reached leaves."""
+    transport = FakeTransport({(B, "/continue_generation"): TransientServerError("connection refused", B)})
+    config = InferenceEngineConfig(pause_mode=mode, setup_timeout=5, health_check_interval=60)
+    with RemoteSGLangEngine(config, [A, B], transport=transport) as engine:
+        engine.pause()
+        assert engine.paused
+        engine.resume()
+        assert not engine.paused and engine.pool.healthy == [A] and engine.stats["failovers"] == 1
+    pauses = [(c.address, c.body) for c in transport.to("/pause_generation")]
+    assert pauses == [(A, {"mode": mode}), (B, {"mode": mode})]
+    assert [c.address for c in transport.to("/continue_generation")] == [A, B]
+    assert {c.address for c in transport.to("/health")} == {A, B}
