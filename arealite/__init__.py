@@ -1,0 +1,101 @@
+"""arealite: RL post-training of LLMs. The names a training script needs (docs/architecture.md §2.4).
+
+    from arealite import GRPOConfig, PPOActor, RemoteSGLangEngine, RLVRWorkflow, WeightSync, ...
+
+Names load on first use (PEP 562), so `import arealite` imports nothing heavy and the
+launchers (`python -m arealite.launcher.local`) never load torch. Parts needed only for
+something unusual stay in their subpackages.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the module that defines it (one home per name)
+_EXPORTS = {
+    # configuration and ranks
+    "GRPOConfig": "arealite.config",
+    "load_config": "arealite.config",
+    "save_config": "arealite.config",
+    "init_distributed": "arealite.world",
+    # data and task
+    "load_records": "arealite.data.loader",
+    "filter_by_prompt_length": "arealite.data.loader",
+    "create_dataloader": "arealite.data.loader",
+    "DataFeed": "arealite.data.feed",
+    "reward_fn_for": "arealite.eval.task",
+    "held_out_records": "arealite.eval.task",
+    # rollout
+    "RemoteSGLangEngine": "arealite.rollout.remote_sglang",
+    "DynamicSampler": "arealite.rollout.dynamic_sampling",
+    "RewardPool": "arealite.reward.pool",
+    "RLVRWorkflow": "arealite.workflow.rlvr",
+    "MultiTurnWorkflow": "arealite.workflow.multi_turn",
+    "ToolUseWorkflow": "arealite.workflow.tool_use",
+    # training and weight sync
+    "PPOActor": "arealite.train.actor",
+    "PPOCritic": "arealite.train.critic",
+    "ReferenceModel": "arealite.train.reference",
+    "WeightSync": "arealite.weight_sync.sync",
+    # around the loop
+    "Evaluator": "arealite.eval.evaluator",
+    "Recover": "arealite.recover",
+    "EngineGroup": "arealite.recover",
+    "StatsLogger": "arealite.stats.logger",
+    "StatsTracker": "arealite.stats.tracker",
+    "StepTimer": "arealite.stats.timer",
+    "batch_stats": "arealite.stats.batch",
+    # writing your own parts
+    "RolloutWorkflow": "arealite.interfaces",
+    "InferenceEngine": "arealite.interfaces",
+    "TrainEngine": "arealite.interfaces",
+    "ModelRequest": "arealite.types",
+    "ModelResponse": "arealite.types",
+    "trajectory_from_tokens": "arealite.rollout.batch",
+    # servers from Python
+    "launch_server_process": "arealite.server.process",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'arealite' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run __getattr__
+    from arealite.config import GRPOConfig, load_config, save_config
+    from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
+    from arealite.world import init_distributed
+    from arealite.eval.evaluator import Evaluator
+    from arealite.eval.task import held_out_records, reward_fn_for
+    from arealite.interfaces import InferenceEngine, RolloutWorkflow, TrainEngine
+    from arealite.reward.pool import RewardPool
+    from arealite.rollout.batch import trajectory_from_tokens
+    from arealite.rollout.dynamic_sampling import DynamicSampler
+    from arealite.rollout.remote_sglang import RemoteSGLangEngine
+    from arealite.server.process import launch_server_process
+    from arealite.train.actor import PPOActor
+    from arealite.train.critic import PPOCritic
+    from arealite.train.reference import ReferenceModel
+    from arealite.types import ModelRequest, ModelResponse
+    from arealite.data.feed import DataFeed
+    from arealite.recover import EngineGroup, Recover
+    from arealite.stats.logger import StatsLogger
+    from arealite.stats.tracker import StatsTracker
+    from arealite.stats.timer import StepTimer
+    from arealite.stats.batch import batch_stats
+    from arealite.weight_sync.sync import WeightSync
+    from arealite.workflow.multi_turn import MultiTurnWorkflow
+    from arealite.workflow.rlvr import RLVRWorkflow
+    from arealite.workflow.tool_use import ToolUseWorkflow

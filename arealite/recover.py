@@ -10,7 +10,7 @@ states, the step and weight version, and the stats logger's state. Layout:
 A checkpoint is written to `step_<n>.partial` and renamed, and `latest` is replaced
 atomically after that, so a run killed while saving resumes from the previous checkpoint.
 `recover.mode=auto` loads `latest` when it exists; the loop then starts at `step + 1`, and
-the caller pushes the restored weights to the servers again (`sync_weights`), because the
+the caller pushes the restored weights to the servers again (`WeightSync.sync`), because the
 servers may hold newer or older ones.
 
 A checkpoint damaged after it was written (a truncated, altered or deleted file, e.g. a

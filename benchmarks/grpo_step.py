@@ -27,11 +27,11 @@ from typing import Any, Iterator
 
 import harness
 
-from arealite.utils.weight_sync import disk_update_meta, sync_weights
+from arealite.weight_sync import WeightSync
 
 
 def timed_grpo_step(
-    step: int, rollout: Any, actor: Any, workflow: Any, loader: Any, data_iter: Iterator, workdir: str, rank: int, barrier: Any
+    step: int, rollout: Any, actor: Any, workflow: Any, loader: Any, data_iter: Iterator, weight_sync: WeightSync
 ) -> tuple[dict, list[float]]:
     """rollout -> advantages -> PPO update -> disk weight sync to version step + 1.
 
@@ -48,7 +48,7 @@ def timed_grpo_step(
     actor.compute_advantages(batch)  # prox_logp comes from the update's own forward (one minibatch)
     actor.ppo_update(batch)
     t_train = time.perf_counter()
-    sync_weights(actor, rollout, disk_update_meta(workdir, step + 1), rank, barrier)
+    weight_sync.sync(step + 1)
     return batch, [t_rollout - start, t_train - t_rollout, time.perf_counter() - t_train]
 
 
@@ -121,7 +121,6 @@ def run(state: dict, req: dict) -> dict:
     from arealite.config import InferenceEngineConfig, MicroBatchSpec, OptimizerConfig, PPOActorConfig
     from arealite.data.arithmetic import make_arithmetic_dataset
     from arealite.data.loader import create_dataloader
-    from arealite.world import barrier, rank
     from arealite.rollout import RemoteSGLangEngine
     from arealite.train import PPOActor
     from arealite.types import WeightUpdateMeta
@@ -146,11 +145,12 @@ def run(state: dict, req: dict) -> dict:
         workflow.gconfig,  # the group size, budget and temperature the workflow samples with
     ).initialize()  # fmt: skip
     workdir = tempfile.mkdtemp(dir=s["workdir"])
+    weight_sync = WeightSync(actor, rollout, "disk", workdir)
     times, phases, rewards, lengths, stale = [], [], [], [], Counter()
     data_iter = iter(loader)
     cpu0, start = harness.tree_cpu_seconds(), time.perf_counter()
     for step in range(steps):
-        batch, phase = timed_grpo_step(step, rollout, actor, workflow, loader, data_iter, workdir, rank(), barrier)
+        batch, phase = timed_grpo_step(step, rollout, actor, workflow, loader, data_iter, weight_sync)
         times.append(sum(phase))
         phases.append(phase)
         rewards.append(batch["rewards"].float().mean().item())

@@ -128,7 +128,7 @@ def bench_workflow(group_size: int, max_new_tokens: int, temperature: float):
     from arealite.config import GenerationHyperparameters
     from arealite.rollout.batch import trajectory_from_tokens
     from arealite.types import ModelRequest
-    from arealite.workflow import RolloutWorkflow
+    from arealite.interfaces import RolloutWorkflow
 
     gconfig = GenerationHyperparameters(group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature)
 

@@ -19,27 +19,17 @@ from __future__ import annotations
 import os
 import sys
 from collections import deque
+from contextlib import nullcontext
 from itertools import chain, repeat
 
 from transformers import AutoTokenizer
 
-from arealite.config import GRPOConfig, load_config, save_config
-from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
-from arealite.world import barrier, init_distributed
-from arealite.eval import Evaluator
-from arealite.eval.task import held_out_records, reward_fn_for
-from arealite.reward.pool import RewardPool
-from arealite.rollout import RemoteSGLangEngine
-from arealite.rollout.dynamic_sampling import DynamicSampler
-from arealite.train import PPOActor, PPOCritic, ReferenceModel
-from arealite.recover import EngineGroup, Recover
-from arealite.stats.logger import StatsLogger
-from arealite.stats.tracker import StatsTracker
-from arealite.stats.timer import StepTimer
-from arealite.data.feed import DataFeed
-from arealite.stats.batch import batch_stats
-from arealite.utils.weight_sync import init_weight_update, sync_weights
-from arealite.workflow import RLVRWorkflow
+from arealite import (
+    DataFeed, DynamicSampler, EngineGroup, Evaluator, GRPOConfig, PPOActor, PPOCritic, Recover, ReferenceModel,
+    RemoteSGLangEngine, RewardPool, RLVRWorkflow, StatsLogger, StatsTracker, StepTimer, WeightSync, batch_stats,
+    create_dataloader, filter_by_prompt_length, held_out_records, init_distributed, load_config, load_records,
+    reward_fn_for, save_config,
+)  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
@@ -48,96 +38,94 @@ def main(argv: list[str]) -> None:
     if rank == 0:
         save_config(config, os.path.join(config.run_dir, "config.yaml"))
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.actor.path)
-
     records = load_records(config.train_dataset, split="train", seed=config.seed)
     if config.train_dataset.max_prompt_tokens:
         records = filter_by_prompt_length(records, tokenizer, config.train_dataset.max_prompt_tokens)
     loader = create_dataloader(
         records, config.train_dataset.batch_size, rank, world_size, config.train_dataset.shuffle, config.seed
     )
-
-    rollout = RemoteSGLangEngine(config.rollout)
-    rollout.initialize()
-    actor = PPOActor(config.actor, config.gconfig, config.total_train_steps)
-    actor.initialize()
-    critic = PPOCritic(config.critic, config.total_train_steps).initialize() if config.critic else None
-    ref = ReferenceModel(config.ref, config.gconfig).initialize() if config.ref else None
-    reward_fn = reward_fn_for(config)
-    reward_pool = RewardPool(max_workers=2)  # shared by training and evaluation
     feed = DataFeed(loader)  # remembers prompts handed out but not yet trained (exact recovery)
+    reward_fn = reward_fn_for(config)
     asynchronous = config.rollout.max_head_offpolicyness > 0
-    # dynamic sampling: asynchronous runs filter each finished group here, synchronous ones per batch below
-    sampler = DynamicSampler(feed, config.gconfig.group_size) if config.rollout.dynamic_sampling else None
-    should_accept = sampler.accept if sampler and asynchronous else None
-    workflow = feed.tag(RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool), should_accept)
-    stats_logger = StatsLogger.from_config(config, rank)
-    evaluator = None
-    if config.evaluator.freq_steps:
-        held_out = held_out_records(config, tokenizer)
-        evaluator = Evaluator(config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size, reward_pool)
-
-    meta_for = init_weight_update(
-        actor, rollout, config.weight_update, config.run_dir, rank, keep_versions=config.weight_keep_versions
-    )
-    recover, trained = Recover(config.recover, config.run_dir, rank), EngineGroup(actor, critic=critic)
-    resumed = recover.load(trained, feed, stats_logger)
-    start, version = (resumed.step + 1, resumed.version) if resumed else (0, 0)
-    accuracy = resumed.extra.get("accuracy", {}) if resumed else {}  # version -> held-out pass@1
-    if resumed:  # the servers may hold other weights than the checkpoint's
-        sync_weights(actor, rollout, meta_for(version), rank, barrier)
-
-    prompt_batches = chain.from_iterable(repeat(feed))  # synchronous runs' prompts, epoch after epoch
-    tracker, timer = StatsTracker(), StepTimer()
     recent = deque(maxlen=10)  # (entropy, truncated_frac) of the last steps, for the closing line
-    for step in range(start, config.total_train_steps):
-        stats = {}
-        if evaluator and evaluator.should_run(version, config.total_train_steps):
-            with timer("eval"):
-                stats.update(evaluator.evaluate(rollout), **{"eval/version": version})
-            accuracy[str(version)] = stats["eval/pass@1"]
-        with timer("step"):
-            with timer("rollout"):
-                if asynchronous:  # ahead of training, within the staleness bound
-                    batch = rollout.prepare_batch(feed, workflow)
-                elif sampler is not None:  # groups whose rewards differ, from as many prompts as needed
-                    batch = sampler.next_batch(rollout, workflow)
-                else:
-                    batch = rollout.rollout_batch(next(prompt_batches), workflow)
-            with timer("train"):
-                if ref is not None:  # the KL term's anchor
-                    batch["ref_logp"] = ref.compute_logp(batch)
-                if critic is not None:  # PPO: advantages by GAE on the critic's values
-                    batch["values"] = critic.compute_values(batch)
-                stats.update(batch_stats(tracker, batch, version))  # before compute_advantages edits loss_mask
-                # No separate logp pass: a one-step update takes the pre-update logprobs
-                # (prox_logp) from its own forward; the actor recomputes them only when needed.
-                actor.compute_advantages(batch)
-                stats.update(actor.ppo_update(batch)[-1])
-                if critic is not None:
-                    stats.update({f"critic/{k}": v for k, v in critic.ppo_update(batch)[-1].items()})
-                stats["prompt_ids"] = feed.consume(batch if asynchronous or sampler else None)  # the trained prompts
-            with timer("weight_sync"):
-                version = step + 1
-                sync_weights(actor, rollout, meta_for(version), rank, barrier)
-            with timer("save"):
-                if recover.should_save(step, config.total_train_steps):
-                    recover.save(step, version, trained, feed, stats_logger, {"accuracy": accuracy})
-        if sampler is not None:  # cumulative counts of this rank
-            stats.update(dropped_groups=feed.dropped_groups, filler_groups=sampler.filler_groups)
-        stats.update(version=version, **timer.pop())
-        stats_logger.commit(step, stats)
-        recent.append((stats.get("entropy", float("nan")), stats.get("truncated_frac", float("nan"))))
+    accuracy = {}  # version -> held-out pass@1
 
-    if evaluator and evaluator.should_run(version, config.total_train_steps):
-        final = evaluator.evaluate(rollout)
-        accuracy[str(version)] = final["eval/pass@1"]
-        stats_logger.commit(config.total_train_steps, {**final, "eval/version": version})
-    plot = stats_logger.close(plot=config.stats_logger.plot)
-    rollout.destroy()
-    reward_pool.close()
-    for engine in (actor, critic, ref):
-        if engine is not None:
-            engine.destroy()
+    # Everything that holds a resource is closed on the way out, errors included.
+    with (
+        RemoteSGLangEngine(config.rollout) as rollout,  # the servers in AREAL_LLM_SERVER_ADDRS
+        PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
+        PPOCritic(config.critic, config.total_train_steps) if config.critic else nullcontext() as critic,  # PPO
+        ReferenceModel(config.ref, config.gconfig) if config.ref else nullcontext() as ref,  # the KL term's anchor
+        RewardPool(max_workers=2) as reward_pool,  # shared by training and evaluation
+        WeightSync(
+            actor, rollout, config.weight_update, config.run_dir, keep_versions=config.weight_keep_versions
+        ) as weight_sync,
+    ):
+        stats_logger = StatsLogger.from_config(config, rank)
+        # dynamic sampling: asynchronous runs filter each finished group here, synchronous ones per batch below
+        sampler = DynamicSampler(feed, config.gconfig.group_size) if config.rollout.dynamic_sampling else None
+        should_accept = sampler.accept if sampler and asynchronous else None
+        workflow = feed.tag(RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool), should_accept)
+        evaluator = None
+        if config.evaluator.freq_steps:
+            held_out = held_out_records(config, tokenizer)
+            evaluator = Evaluator(
+                config.evaluator, config.gconfig, held_out, reward_fn, tokenizer, rank, world_size, reward_pool
+            )
+        recover, trained = Recover(config.recover, config.run_dir, rank), EngineGroup(actor, critic=critic)
+        resumed = recover.load(trained, feed, stats_logger)
+        start, version = (resumed.step + 1, resumed.version) if resumed else (0, 0)
+        accuracy.update(resumed.extra.get("accuracy", {}) if resumed else {})
+        if resumed:  # the servers may hold other weights than the checkpoint's
+            weight_sync.sync(version)
+
+        prompt_batches = chain.from_iterable(repeat(feed))  # synchronous runs' prompts, epoch after epoch
+        tracker, timer = StatsTracker(), StepTimer()
+        for step in range(start, config.total_train_steps):
+            stats = {}
+            if evaluator and evaluator.should_run(version, config.total_train_steps):
+                with timer("eval"):
+                    stats.update(evaluator.evaluate(rollout), **{"eval/version": version})
+                accuracy[str(version)] = stats["eval/pass@1"]
+            with timer("step"):
+                with timer("rollout"):
+                    if asynchronous:  # ahead of training, within the staleness bound
+                        batch = rollout.prepare_batch(feed, workflow)
+                    elif sampler is not None:  # groups whose rewards differ, from as many prompts as needed
+                        batch = sampler.next_batch(rollout, workflow)
+                    else:
+                        batch = rollout.rollout_batch(next(prompt_batches), workflow)
+                with timer("train"):
+                    if ref is not None:
+                        batch["ref_logp"] = ref.compute_logp(batch)
+                    if critic is not None:  # PPO: advantages by GAE on the critic's values
+                        batch["values"] = critic.compute_values(batch)
+                    stats.update(batch_stats(tracker, batch, version))  # before compute_advantages edits loss_mask
+                    # No separate logp pass: a one-step update takes the pre-update logprobs
+                    # (prox_logp) from its own forward; the actor recomputes them only when needed.
+                    actor.compute_advantages(batch)
+                    stats.update(actor.ppo_update(batch)[-1])
+                    if critic is not None:
+                        stats.update({f"critic/{k}": v for k, v in critic.ppo_update(batch)[-1].items()})
+                    stats["prompt_ids"] = feed.consume(batch if asynchronous or sampler else None)  # trained prompts
+                with timer("weight_sync"):
+                    version = step + 1
+                    weight_sync.sync(version)  # pause -> load -> confirm -> resume, version bumped everywhere
+                with timer("save"):
+                    if recover.should_save(step, config.total_train_steps):
+                        recover.save(step, version, trained, feed, stats_logger, {"accuracy": accuracy})
+            if sampler is not None:  # cumulative counts of this rank
+                stats.update(dropped_groups=feed.dropped_groups, filler_groups=sampler.filler_groups)
+            stats.update(version=version, **timer.pop())
+            stats_logger.commit(step, stats)
+            recent.append((stats.get("entropy", float("nan")), stats.get("truncated_frac", float("nan"))))
+
+        if evaluator and evaluator.should_run(version, config.total_train_steps):
+            final = evaluator.evaluate(rollout)
+            accuracy[str(version)] = final["eval/pass@1"]
+            stats_logger.commit(config.total_train_steps, {**final, "eval/version": version})
+        plot = stats_logger.close(plot=config.stats_logger.plot)
+
     if rank == 0 and plot:
         print(f"plots: {plot}", flush=True)
     if rank == 0 and recent:

@@ -23,21 +23,15 @@ import sys
 import torch
 from transformers import AutoTokenizer
 
-from arealite.config import ConfigError, GRPOConfig, load_config, save_config
-from arealite.data.loader import create_dataloader, load_records
-from arealite.world import all_reduce, barrier, init_distributed
+from arealite import (
+    GRPOConfig, PPOActor, RemoteSGLangEngine, RewardPool, StatsLogger, StatsTracker, StepTimer, ToolUseWorkflow,
+    WeightSync, batch_stats, create_dataloader, held_out_records, init_distributed, load_config, load_records,
+    reward_fn_for, save_config,
+)  # fmt: skip
+from arealite.config import ConfigError
+from arealite.world import all_reduce
 from arealite.eval.evaluator import eval_gconfig
-from arealite.eval.task import held_out_records, reward_fn_for
-from arealite.reward.pool import RewardPool
-from arealite.rollout import RemoteSGLangEngine
-from arealite.train import PPOActor
 from arealite.utils.imports import import_object
-from arealite.stats.logger import StatsLogger
-from arealite.stats.tracker import StatsTracker
-from arealite.stats.timer import StepTimer
-from arealite.stats.batch import batch_stats
-from arealite.utils.weight_sync import init_weight_update, sync_weights
-from arealite.workflow import ToolUseWorkflow
 from arealite.workflow.tools import DisabledTool
 
 
@@ -77,14 +71,14 @@ def main(argv: list[str]) -> None:
         RewardPool(max_workers=2) as reward_pool,
         RemoteSGLangEngine(config.rollout) as rollout,
         PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
+        WeightSync(
+            actor, rollout, config.weight_update, config.run_dir, keep_versions=config.weight_keep_versions
+        ) as weight_sync,
     ):
         workflow = ToolUseWorkflow(reward_fn, config.gconfig, tokenizer, tools, turns, reward_pool)
         with_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, tools, turns, reward_pool)
         without_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, [DisabledTool(t) for t in tools], turns, reward_pool)
         before = accuracy(rollout, with_tool, held_out)
-        weights_for = init_weight_update(
-            actor, rollout, config.weight_update, config.run_dir, rank, keep_versions=config.weight_keep_versions
-        )
         prompts, tracker, timer = iter(loader), StatsTracker(), StepTimer()
         for step in range(config.total_train_steps):
             with timer("step"):
@@ -97,7 +91,7 @@ def main(argv: list[str]) -> None:
                     actor.compute_advantages(batch)
                     train_stats = actor.ppo_update(batch)
                 with timer("weight_sync"):
-                    sync_weights(actor, rollout, weights_for(step + 1), rank, barrier)
+                    weight_sync.sync(step + 1)
             tracker.masked_mean("tool_calls", batch["num_tool_calls"].float())
             stats_logger.commit(step, {**batch_stats(tracker, batch), **train_stats[-1], **timer.pop(), "version": step + 1})
         after_with, after_without = accuracy(rollout, with_tool, held_out), accuracy(rollout, without_tool, held_out)

@@ -36,6 +36,7 @@ from typing import Any
 from arealite.chat.record import CompletionRecord, conversation_trajectory
 from arealite.chat.template import check_tools, continuation_ids, parse_tool_calls, render_prompt, template_message
 from arealite.config import GenerationHyperparameters
+from arealite.interfaces import InferenceEngine
 from arealite.types import ModelRequest, ModelResponse
 
 _UNSUPPORTED = {  # accepted by OpenAI, refused here unless left at their default
@@ -61,7 +62,7 @@ class ChatClient:
     """
 
     def __init__(
-        self, engine: Any, tokenizer: Any, gconfig: GenerationHyperparameters | None = None, group_id: str | None = None
+        self, engine: InferenceEngine, tokenizer: Any, gconfig: GenerationHyperparameters | None = None, group_id: str | None = None
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer

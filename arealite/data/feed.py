@@ -16,13 +16,14 @@ rejects (a failed reward) stays pending.
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from arealite import world
+from arealite.interfaces import AcceptFn, InferenceEngine, RolloutWorkflow, Trajectory
 
 INDEX_KEY = "prompt_index"  # per-sequence [B] tensor: which handed-out prompt a row came from
 
@@ -65,7 +66,7 @@ class DataFeed:
             out.append(r)
         return out
 
-    def tag(self, workflow: Any, should_accept: Callable[[dict[str, torch.Tensor]], bool] | None = None) -> "TaggedWorkflow":
+    def tag(self, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> TaggedWorkflow:
         """`workflow` whose trajectories carry `prompt_index` (needed by `consume` in async mode);
         with `should_accept`, a trajectory it refuses is dropped and its prompt retired."""
         return TaggedWorkflow(workflow, self, should_accept)
@@ -105,15 +106,17 @@ class DataFeed:
         self._out.clear()
 
 
-class TaggedWorkflow:
+class TaggedWorkflow(RolloutWorkflow):
     """Runs the wrapped workflow and adds `prompt_index` [G] to its trajectory; applies the filter."""
 
-    def __init__(self, workflow: Any, feed: DataFeed | None = None, should_accept: Callable | None = None) -> None:
+    def __init__(
+        self, workflow: RolloutWorkflow, feed: DataFeed | None = None, should_accept: AcceptFn | None = None
+    ) -> None:
         self.workflow = workflow
         self.feed = feed
         self.should_accept = should_accept
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
         inner = {k: v for k, v in data.items() if k != INDEX_KEY}
         traj = await self.workflow.arun_episode(engine, inner)
         if traj is not None and self.should_accept is not None and not self.should_accept(traj):

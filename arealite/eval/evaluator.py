@@ -18,6 +18,7 @@ import torch
 
 from arealite import world
 from arealite.config import EvaluatorConfig, GenerationHyperparameters
+from arealite.interfaces import InferenceEngine
 from arealite.eval.metrics import extract_answer, prompt_metrics
 from arealite.workflow import RLVRWorkflow
 
@@ -64,7 +65,7 @@ class Evaluator:
         f = self.config.freq_steps
         return f > 0 and (version % f == 0 or version == total_steps)
 
-    def evaluate(self, rollout: Any) -> dict[str, float]:
+    def evaluate(self, rollout: InferenceEngine) -> dict[str, float]:
         """`eval/pass@1`, `eval/pass@k`, `eval/maj@k`, `eval/n_prompts`, `eval/time_s` over all ranks."""
         started = time.monotonic()
         k = self.config.k

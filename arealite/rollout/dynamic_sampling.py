@@ -36,12 +36,11 @@ from collections.abc import Iterator
 from itertools import chain, repeat
 from typing import Any
 
-import torch
 
+from arealite.interfaces import Batch, InferenceEngine, RolloutWorkflow
 from arealite.rollout.batch import concat_padded
 from arealite.data.feed import INDEX_KEY, DataFeed
 
-Batch = dict[str, torch.Tensor]
 MAX_SAMPLED_BATCHES = 8  # a step samples at most this many batches' worth of prompts looking for signal
 ROUND_MARGIN = 1.25  # a round samples this much more than the acceptance rate says is missing
 
@@ -93,7 +92,7 @@ class DynamicSampler:
         out += [next(self._stream) for _ in range(n - len(out))]
         return out
 
-    def next_batch(self, rollout: Any, workflow: Any) -> Batch:
+    def next_batch(self, rollout: InferenceEngine, workflow: RolloutWorkflow) -> Batch:
         """One batch of groups whose rewards differ (see the bound above), sampled at the current weights."""
         batch_size = self.batch_size
         kept: list[Batch] = []

@@ -31,20 +31,18 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
 
 from arealite.config import InferenceEngineConfig
+from arealite.interfaces import AcceptFn, Batch, InferenceEngine, RolloutWorkflow, Trajectory
 from arealite.rollout.batch import concat_padded
-from arealite.rollout.watchdog import RolloutStalledError, Watchdog, adiagnose, report_stall
+from arealite.rollout.gate import VersionGate
+from arealite.rollout.loop import EventLoopThread
+from arealite.rollout.watchdog import RolloutStalledError, Watchdog, report_stall
 
-if TYPE_CHECKING:
-    from arealite.rollout.remote_sglang import RemoteSGLangEngine
-
-Trajectory = dict[str, torch.Tensor]
 _WAIT_SLICE = 0.5  # seconds prepare_batch waits before topping up the queue again
 _POLL_S = 1.0  # longest a waiting call sleeps between looks at its state
 
@@ -56,8 +54,8 @@ class RolloutWorkflowError(RuntimeError):
 @dataclass
 class _Episode:
     data: dict[str, Any]
-    workflow: Any
-    should_accept: Callable[[Trajectory], bool] | None
+    workflow: RolloutWorkflow
+    should_accept: AcceptFn | None
     ticket: asyncio.Future | None = None  # rollout_batch: where the result goes
     started: float = 0.0  # monotonic time the episode started running
 
@@ -79,11 +77,26 @@ def _as_records(batch: Any) -> list[dict[str, Any]]:
 
 
 class WorkflowExecutor:
-    """Schedules workflow episodes for one engine. See the module docstring."""
+    """Schedules workflow episodes. See the module docstring.
 
-    def __init__(self, config: InferenceEngineConfig, engine: RemoteSGLangEngine) -> None:
+    `engine` is what the workflows generate with (the rollout client, as an InferenceEngine);
+    `gate` holds the version and pause state the bounds read; `diagnose(snapshot, idle)` writes
+    the stall diagnostic (watchdog.Diagnosis).
+    """
+
+    def __init__(
+        self,
+        config: InferenceEngineConfig,
+        gate: VersionGate,
+        loop: EventLoopThread,
+        engine: InferenceEngine,
+        diagnose: Callable[[dict[str, Any], float], Awaitable[str]],
+    ) -> None:
         self.config = config
         self.engine = engine
+        self._gate = gate
+        self._loop = loop
+        self._diagnose = diagnose
         self.batch_size: int | None = config.consumer_batch_size
         self._lock = threading.Condition()
         self._queued: deque[_Episode] = deque()  # submitted, waiting for capacity
@@ -109,7 +122,7 @@ class WorkflowExecutor:
         free = (limit - len(self._tasks)) if limit else 1 << 30
         if self.batch_size is None:
             return free
-        version = self.engine.get_version()
+        version = self._gate.version
         if self._base_version is None:
             self._base_version = version
         budget = (self.config.max_head_offpolicyness + version - self._base_version + 1) * self.batch_size
@@ -117,7 +130,7 @@ class WorkflowExecutor:
 
     def schedule(self) -> None:
         """Start every episode the bounds allow. Runs on the loop; call it after any change."""
-        if self.engine.paused:
+        if self._gate.paused:
             return
         loop = asyncio.get_running_loop()
         with self._lock:
@@ -183,18 +196,18 @@ class WorkflowExecutor:
 
     # ---- the asynchronous queue (caller's thread) ---------------------------------------
 
-    def submit(self, data: dict[str, Any], workflow: Any, should_accept: Callable[[Trajectory], bool] | None = None) -> None:
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> None:
         """Queue one episode; it starts as soon as the staleness and concurrency bounds allow."""
         if not hasattr(workflow, "arun_episode"):
             raise TypeError(f"workflow {workflow!r} has no arun_episode(engine, data); subclass RolloutWorkflow")
         with self._lock:
             self._queued.append(_Episode(dict(data), workflow, should_accept))
             self.stats["submitted"] += 1
-        self.engine.loop.call_soon(self.schedule)
+        self._loop.call_soon(self.schedule)
 
     def _pop_stale(self) -> None:
         """Re-queue ready trajectories that fell more than k versions behind (lock held)."""
-        bound = self.engine.get_version() - self.config.max_head_offpolicyness
+        bound = self._gate.version - self.config.max_head_offpolicyness
         fresh = deque()
         for item in self._ready:
             oldest = item[2]
@@ -206,9 +219,9 @@ class WorkflowExecutor:
                 fresh.append(item)
         if len(fresh) != len(self._ready):
             self._ready = fresh
-            self.engine.loop.call_soon(self.schedule)
+            self._loop.call_soon(self.schedule)
 
-    def wait(self, count: int, timeout: float | None = None) -> Trajectory:
+    def wait(self, count: int, timeout: float | None = None) -> Batch:
         """Block until `count` accepted trajectories are ready; return them stacked and padded.
 
         Raises TimeoutError after `timeout` seconds (the trajectories stay queued),
@@ -217,7 +230,7 @@ class WorkflowExecutor:
         """
         return self._wait(count, timeout, time.monotonic())
 
-    def _wait(self, count: int, timeout: float | None, waiting_since: float) -> Trajectory:
+    def _wait(self, count: int, timeout: float | None, waiting_since: float) -> Batch:
         if count < 1:
             raise ValueError(f"wait(count={count}): count must be >= 1")
         if self.batch_size is None:
@@ -254,7 +267,7 @@ class WorkflowExecutor:
         with self._lock:
             limit = self._concurrency_limit()
             free = (limit - len(self._tasks)) if limit else None
-            version = self.engine.get_version()
+            version = self._gate.version
             base = version if self._base_version is None else self._base_version
             oldest = min(self._tasks.values(), key=lambda e: e.started, default=None)
             return {
@@ -274,14 +287,14 @@ class WorkflowExecutor:
             return
         snapshot, idle = self.snapshot(), self.watchdog.idle(waiting_since)
         try:
-            text = self.engine.loop.run(adiagnose(self.engine, snapshot, idle), timeout=self.config.health_check_timeout + 5)
+            text = self._loop.run(self._diagnose(snapshot, idle), timeout=self.config.health_check_timeout + 5)
         except Exception as e:  # noqa: BLE001 - the diagnostic must not hide the stall
             text = f"rollout made no progress for {idle:.0f}s (rollout.stall_timeout={self.config.stall_timeout}s); {snapshot} (server states unavailable: {e!r})"
         report_stall(verdict, text)
 
     def prepare_batch(
-        self, dataloader: Any, workflow: Any, should_accept: Callable[[Trajectory], bool] | None = None
-    ) -> Trajectory:
+        self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> Batch:
         """The next batch of `dataloader.batch_size` trajectories, generated asynchronously.
 
         Keeps the loader's iterator between calls (a new epoch starts when it runs out) and
@@ -322,16 +335,16 @@ class WorkflowExecutor:
     # ---- synchronous batches ------------------------------------------------------------
 
     def rollout_batch(
-        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[Trajectory], bool] | None = None
-    ) -> Trajectory:
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> Batch:
         """Run one episode per item now; return the accepted trajectories in input order."""
         if not data:
             raise ValueError("rollout_batch got no data; pass a non-empty list of records")
-        return self.engine.loop.run(self._arollout_batch(_as_records(data), workflow, should_accept))
+        return self._loop.run(self._arollout_batch(_as_records(data), workflow, should_accept))
 
     async def _arollout_batch(
-        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[Trajectory], bool] | None
-    ) -> Trajectory:
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None
+    ) -> Batch:
         loop = asyncio.get_running_loop()
         tickets = []
         with self._lock:
@@ -364,7 +377,7 @@ class WorkflowExecutor:
         verdict = self.watchdog.verdict(waiting_since)
         if verdict is None:
             return
-        text = await adiagnose(self.engine, self.snapshot(), self.watchdog.idle(waiting_since))
+        text = await self._diagnose(self.snapshot(), self.watchdog.idle(waiting_since))
         if verdict == "raise":
             with self._lock:
                 self._sync = deque(e for e in self._sync if e.ticket not in tickets)

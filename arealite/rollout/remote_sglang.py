@@ -24,26 +24,25 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from arealite.config import InferenceEngineConfig
+from arealite.interfaces import AcceptFn, Batch, RolloutWorkflow
 from arealite.rollout import protocol
-from arealite.rollout.errors import GenerationError, RolloutError, ServerUnavailable, TransientServerError
+from arealite.rollout.errors import RolloutError, ServerUnavailable, TransientServerError
 from arealite.rollout.executor import WorkflowExecutor
+from arealite.rollout.gate import VersionGate
+from arealite.rollout.generation import SampleGenerator
 from arealite.rollout.health import HealthMonitor
 from arealite.rollout.loop import EventLoopThread
 from arealite.rollout.servers import ServerPool
-from arealite.rollout.transport import make_session, request
+from arealite.rollout.transport import Transport
+from arealite.rollout.watchdog import Diagnosis
 from arealite.rollout.weight_update import WeightUpdater
 from arealite.types import ModelRequest, ModelResponse, WeightUpdateMeta
 
 ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
-_MAX_BACKOFF = 5.0  # seconds, the cap of the exponential backoff between retries
 
 
 def addresses_from_env() -> list[str]:
@@ -60,25 +59,39 @@ def _check_address(address: str) -> str:
 
 
 class RemoteSGLangEngine:
-    """Client of a fleet of SGLang-protocol inference servers. See the module docstring."""
+    """Client of a fleet of SGLang-protocol inference servers. See the module docstring.
 
-    def __init__(self, config: InferenceEngineConfig, addresses: list[str] | None = None) -> None:
+    It builds its parts, each given what it uses and never the client itself: the transport
+    (the HTTP session), the server pool, the version gate, the health monitor, the weight
+    updater, the sample generator and the workflow executor (which hands the client to the
+    workflows as their InferenceEngine).
+    """
+
+    def __init__(
+        self, config: InferenceEngineConfig, addresses: list[str] | None = None, transport: Transport | None = None
+    ) -> None:
+        """`transport`: default a real HTTP one; tests of request shapes pass a fake."""
         addresses = addresses_from_env() if addresses is None else list(addresses)
         self.config = config
         self.pool = ServerPool([_check_address(a) for a in addresses])
         self._loop = EventLoopThread()
-        self._session: Any = None
-        self._version = 0
-        self._version_lock = threading.Lock()
-        self._lora_name: str | None = None  # the adapter every /generate asks for (weight_update=lora)
-        self._paused = False
-        self._unpaused: asyncio.Event | None = None
-        self._context_length: dict[str, int | None] = {}
-        self.executor = WorkflowExecutor(config, self)
-        self.weights = WeightUpdater(self)
-        self.health = HealthMonitor(self)
-        # counters for the stats logger
-        self.stats: dict[str, int] = {"requests": 0, "interruptions": 0, "retries": 0, "failovers": 0}
+        self.transport = transport or Transport()
+        self.gate = VersionGate()
+        self.health = HealthMonitor(self.transport, self.pool, self.gate, config, resync=self._resync)
+        self.weights = WeightUpdater(self.transport, self.pool, config, self.health)
+        diagnose = Diagnosis(self.transport, self.pool, self.gate, config, self.weights.awaiting)
+        self.executor = WorkflowExecutor(config, self.gate, self._loop, self, diagnose)
+        self.generator = SampleGenerator(
+            self.transport, self.pool, self.gate, config, self.health.probe, self.executor.watchdog.progress
+        )
+
+    async def _resync(self, address: str) -> bool:
+        return await self.weights.aresync(address)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters of the client: requests, interruptions, retries, failovers."""
+        return {**self.generator.stats, "failovers": self.pool.failovers}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -92,9 +105,8 @@ class RemoteSGLangEngine:
             raise
 
     async def _ainitialize(self) -> None:
-        self._session = make_session()
-        self._unpaused = asyncio.Event()
-        self._unpaused.set()
+        await self.transport.open()
+        self.gate.open()
         deadline = time.monotonic() + self.config.setup_timeout
         waiting = list(self.pool.addresses)
         while waiting:
@@ -108,7 +120,7 @@ class RemoteSGLangEngine:
             if waiting:
                 await asyncio.sleep(0.5)
         for address in self.pool.addresses:
-            self._context_length[address] = await self.health.context_length(address)
+            self.pool.set_context_length(address, await self.health.context_length(address))
         self.health.start()
 
     def destroy(self) -> None:
@@ -123,8 +135,7 @@ class RemoteSGLangEngine:
     async def _adestroy(self) -> None:
         await self.executor.acancel_all()
         self.health.stop()
-        if self._session is not None:
-            await self._session.close()
+        await self.transport.close()
 
     def __enter__(self) -> RemoteSGLangEngine:
         """`with RemoteSGLangEngine(config) as rollout:` initializes, and destroys on exit (errors included)."""
@@ -142,29 +153,25 @@ class RemoteSGLangEngine:
 
     def set_version(self, version: int) -> None:
         """Set the client's weight version (the trainer bumps it after each weight sync)."""
-        with self._version_lock:
-            self._version = int(version)
+        self.gate.version = version
         if self._loop.running:
             self._loop.call_soon(self.executor.schedule)
 
     def get_version(self) -> int:
-        with self._version_lock:
-            return self._version
+        return self.gate.version
 
     def set_lora_adapter(self, name: str | None) -> None:
         """Generate with the LoRA adapter the servers loaded as `name` (None: the base model).
         Called by the weight sync on every trainer rank, while the client is paused."""
-        with self._version_lock:
-            self._lora_name = name or None
+        self.gate.lora_name = name
 
     @property
     def lora_adapter(self) -> str | None:
-        with self._version_lock:
-            return self._lora_name
+        return self.gate.lora_name
 
     @property
     def paused(self) -> bool:
-        return self._paused
+        return self.gate.paused
 
     def pause(self) -> None:
         """Stop starting new workflows and pause generation on every server.
@@ -176,11 +183,9 @@ class RemoteSGLangEngine:
         self._loop.run(self._apause())
 
     async def _apause(self) -> None:
-        self._paused = True
-        assert self._unpaused is not None
-        self._unpaused.clear()
+        self.gate.pause()
         # A JSON body is required from 0.5.6; <= 0.5.5 ignores it and always aborts (§2.1), which
-        # the resubmission path in _agenerate absorbs.
+        # the resubmission path in generation.py absorbs.
         await self._post_all("/pause_generation", {"mode": self.config.pause_mode})
         if self.config.pause_grace_period > 0:
             await asyncio.sleep(self.config.pause_grace_period)
@@ -191,9 +196,7 @@ class RemoteSGLangEngine:
 
     async def _aresume(self) -> None:
         await self._post_all("/continue_generation", {})
-        self._paused = False
-        assert self._unpaused is not None
-        self._unpaused.set()
+        self.gate.unpause()
         self.executor.schedule()
 
     async def _post_all(self, path: str, body: dict[str, Any]) -> None:
@@ -201,11 +204,11 @@ class RemoteSGLangEngine:
 
         async def one(address: str) -> None:
             try:
-                status, reply = await request(
-                    self._session, "POST", address, path, body, self.config.control_timeout, setting="rollout.control_timeout"
+                status, reply = await self.transport.request(
+                    "POST", address, path, body, self.config.control_timeout, setting="rollout.control_timeout"
                 )
             except TransientServerError as e:
-                self.health.take_out(address, str(e))
+                self.pool.take_out(address, str(e))
                 return
             if status != 200:
                 raise RolloutError(f"POST {path} returned {status}: {protocol.error_message(reply)}", address)
@@ -230,7 +233,7 @@ class RemoteSGLangEngine:
         as rank 1 + i (non-blocking)."""
         return self._loop.submit(self.weights.ainit_group(meta, members))
 
-    # The distributed weight sync's view of the servers (arealite.utils.distributed_sync); blocking.
+    # The distributed weight sync's view of the servers (arealite.weight_sync.distributed); blocking.
 
     def current_weight_group(self) -> tuple[WeightUpdateMeta | None, list[str]]:
         """The weight-update group the servers last joined (None if none) and its members."""
@@ -257,130 +260,8 @@ class RemoteSGLangEngine:
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """Generate one sample for `req`, resubmitting after interruptions and failures."""
         if not self._loop.in_loop():  # called from another loop: run on ours, await from theirs
-            return await asyncio.wrap_future(self._loop.submit(self._agenerate(req)))
-        return await self._agenerate(req)
-
-    async def _agenerate(self, req: ModelRequest) -> ModelResponse:
-        if not req.input_ids:
-            raise ValueError(f"request {req.rid} has an empty prompt; input_ids must hold at least one token")
-        budget = req.gconfig.max_new_tokens
-        group = req.group_id or req.rid
-        resp = ModelResponse(input_tokens=list(req.input_ids))
-        started = time.monotonic()
-        failures = 0
-        self.stats["requests"] += 1
-        while True:
-            remaining = budget - resp.output_len
-            assert self._unpaused is not None
-            await self._unpaused.wait()  # resubmissions wait out a weight update client-side
-            address = await self._pick(group, remaining, req.rid)
-            sent_version = self.get_version()  # the servers hold at least this version (see token_versions)
-            lora_name = self.lora_adapter  # the adapter of that version (weight_update=lora)
-            prompt = resp.input_tokens + resp.output_tokens
-            now_budget = protocol.clamp_max_new_tokens(remaining, len(prompt), self._context_length.get(address))
-            if now_budget <= 0:
-                self.pool.release(address, remaining)
-                if resp.output_len == 0:
-                    raise GenerationError(
-                        f"prompt of {len(prompt)} tokens leaves no room in the server's context length "
-                        f"{self._context_length.get(address)}; filter long prompts (dataset.max_prompt_tokens)",
-                        address,
-                        req.rid,
-                    )
-                resp.stop_reason = "length"  # the context is full
-                break
-            try:
-                chunk = await self._call_server(address, prompt, req, now_budget, resp.output_len, lora_name)
-            except TransientServerError as e:
-                failures = await self._after_failure(address, e, failures)
-                continue
-            finally:
-                self.pool.release(address, remaining)
-            self.executor.watchdog.progress()
-            resp.output_tokens += chunk.tokens
-            resp.output_logprobs += chunk.logprobs
-            resp.output_versions += protocol.token_versions(chunk, sent_version)
-            resp.server = address
-            if chunk.finish_type != "abort":
-                resp.stop_reason = chunk.finish_type
-                break
-            resp.n_interruptions += 1
-            self.stats["interruptions"] += 1
-            if resp.output_len >= budget:  # interrupted exactly at the end of the budget
-                resp.stop_reason = "length"
-                break
-            if not chunk.tokens:
-                await asyncio.sleep(0.05)  # aborted while queued: don't spin
-        resp.latency = time.monotonic() - started
-        return resp
-
-    async def _call_server(
-        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int, lora_name: str | None = None
-    ) -> protocol.GenerateChunk:
-        """One /generate call, abandoned as a transient failure if the server leaves the
-        rotation meanwhile (a hung server never closes the connection)."""
-        left = self.health.left_rotation(address)
-        call = asyncio.ensure_future(self._generate_once(address, prompt, req, max_new_tokens, produced, lora_name))
-        try:
-            await asyncio.wait((call, left), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not call.done():
-                call.cancel()
-        if not call.done() or call.cancelled():  # cancel() only takes effect at the task's next step
-            raise TransientServerError("server left the rotation during the request", address, req.rid)
-        return call.result()
-
-    async def _generate_once(
-        self, address: str, prompt: list[int], req: ModelRequest, max_new_tokens: int, produced: int, lora_name: str | None = None
-    ) -> protocol.GenerateChunk:
-        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced, lora_name)
-        status, reply = await request(
-            self._session, "POST", address, "/generate", body, self.config.request_timeout, req.rid, "rollout.request_timeout"
-        )
-        if status != 200:
-            raise GenerationError(f"/generate returned {status}: {protocol.error_message(reply)}", address, req.rid)
-        try:
-            chunk = protocol.parse_generate_reply(reply)
-        except ValueError as e:
-            raise GenerationError(f"malformed /generate reply: {e}", address, req.rid) from e
-        if chunk.error_status is not None:
-            raise GenerationError(f"/generate aborted with status {chunk.error_status}: {chunk.message}", address, req.rid)
-        if len(chunk.tokens) > max_new_tokens:
-            raise GenerationError(f"server returned {len(chunk.tokens)} tokens for max_new_tokens={max_new_tokens}", address, req.rid)
-        return chunk
-
-    async def _pick(self, group: str, work: int, rid: str) -> str:
-        """A server for `group`, waiting up to setup_timeout for one to come back if all are down."""
-        deadline = time.monotonic() + self.config.setup_timeout
-        while True:
-            address = self.pool.pick(group, work)
-            if address is not None:
-                return address
-            if time.monotonic() > deadline:
-                raise ServerUnavailable(
-                    f"no server in rotation for {self.config.setup_timeout}s (all of {self.pool.addresses} are down)",
-                    rid=rid,
-                )
-            await asyncio.sleep(min(0.5, self.config.health_check_interval))
-
-    async def _after_failure(self, address: str, error: TransientServerError, failures: int) -> int:
-        """Decide what a failed call means: a dead server leaves the rotation (the request moves
-        on without using a retry); a live one is retried with exponential backoff."""
-        if self.pool.is_healthy(address) and not await self.health.probe(address):
-            self.health.take_out(address, f"a request failed ({error}) and so did a health probe")
-            return failures
-        if not self.pool.is_healthy(address):  # another request already took it out
-            return failures
-        failures += 1
-        if failures > self.config.request_retries:
-            raise ServerUnavailable(
-                f"gave up after {failures} failed attempts (rollout.request_retries={self.config.request_retries}): {error}",
-                address,
-                error.rid,
-            ) from error
-        self.stats["retries"] += 1
-        await asyncio.sleep(min(_MAX_BACKOFF, 0.2 * 2 ** (failures - 1)))
-        return failures
+            return await asyncio.wrap_future(self._loop.submit(self.generator.agenerate(req)))
+        return await self.generator.agenerate(req)
 
     def export_stats(self) -> dict[str, int]:
         """Counters of the client and its executor, prefixed for a stats logger."""
@@ -391,22 +272,22 @@ class RemoteSGLangEngine:
 
     # ---- workflows (delegated to the executor) -------------------------------------------
 
-    def submit(self, data: dict[str, Any], workflow: Any, should_accept: Callable[[dict], bool] | None = None) -> None:
+    def submit(self, data: dict[str, Any], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> None:
         """Queue one episode of `workflow` on `data`; it starts when the staleness bound allows."""
         self.executor.submit(data, workflow, should_accept)
 
-    def wait(self, count: int, timeout: float | None = None) -> dict[str, torch.Tensor]:
+    def wait(self, count: int, timeout: float | None = None) -> Batch:
         """Block until `count` accepted trajectories are ready; return them as one padded batch."""
         return self.executor.wait(count, timeout)
 
     def rollout_batch(
-        self, data: list[dict[str, Any]], workflow: Any, should_accept: Callable[[dict], bool] | None = None
-    ) -> dict[str, torch.Tensor]:
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> Batch:
         """Run `workflow` on every item of `data` now and return their trajectories in order."""
         return self.executor.rollout_batch(data, workflow, should_accept)
 
     def prepare_batch(
-        self, dataloader: Any, workflow: Any, should_accept: Callable[[dict], bool] | None = None
-    ) -> dict[str, torch.Tensor]:
+        self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> Batch:
         """The next training batch, generated asynchronously within the staleness bound."""
         return self.executor.prepare_batch(dataloader, workflow, should_accept)

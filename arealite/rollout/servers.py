@@ -3,15 +3,21 @@
 All samples of a group go to one server so its prompt prefix is computed once (prefix
 cache); new groups go to the healthy server with the least outstanding work (tokens of
 generation budget in flight). A server that fails is taken out of rotation and its groups
-are re-routed; the client probes it and it rejoins when healthy.
+are re-routed; the client probes it and it rejoins when healthy (health.py).
 
-Used only from the rollout event loop, so it needs no locks.
+The pool also knows each server's context length and hands out a future per server that
+resolves when it leaves the rotation, so a request in flight to a hung server is abandoned
+at once (`left_rotation`). Used only from the rollout event loop, so it needs no locks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 from collections import OrderedDict
+
+logger = logging.getLogger(__name__)
 
 _MAX_AFFINITIES = 100_000  # groups remembered for routing; the oldest are forgotten first
 
@@ -30,6 +36,9 @@ class ServerPool:
         self._outstanding = {a: 0 for a in self.addresses}
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._tiebreak = itertools.count()
+        self._context_length: dict[str, int | None] = {}
+        self._left: dict[str, asyncio.Future] = {}
+        self.failovers = 0  # servers taken out of rotation so far
 
     @property
     def healthy(self) -> list[str]:
@@ -75,3 +84,31 @@ class ServerPool:
 
     def mark_up(self, address: str) -> None:
         self._healthy.add(address)
+        self._left.pop(address, None)
+
+    def take_out(self, address: str, reason: str) -> None:
+        """Take `address` out of rotation (counted, logged) and abandon the requests in flight to it."""
+        if not self.is_healthy(address):
+            return
+        logger.warning("taking server %s out of rotation: %s", address, reason)
+        self.mark_down(address)
+        self.failovers += 1
+        future = self._left.pop(address, None)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def left_rotation(self, address: str) -> asyncio.Future:
+        """A future that resolves when `address` leaves the rotation (already, if it has)."""
+        future = self._left.get(address)
+        if future is None:
+            future = self._left[address] = asyncio.get_running_loop().create_future()
+            if not self.is_healthy(address):
+                future.set_result(None)
+        return future
+
+    def context_length(self, address: str) -> int | None:
+        """The server's context length as it reported it (None: unknown, no clamping)."""
+        return self._context_length.get(address)
+
+    def set_context_length(self, address: str, length: int | None) -> None:
+        self._context_length[address] = length

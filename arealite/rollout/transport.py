@@ -1,8 +1,11 @@
-"""One HTTP call to an inference server, mapped onto the typed rollout errors.
+"""`Transport`: every HTTP call of the rollout client to a server, mapped onto typed errors.
 
 Connection errors, timeouts and 5xx become TransientServerError (worth a retry, perhaps on
 another server); other statuses are returned to the caller, who knows what they mean for
-its endpoint.
+its endpoint. The transport owns the one aiohttp session of the client; the parts of the
+client (generation, health, weight updates, the watchdog) receive the transport and never
+the session, so tests of HTTP shapes can hand them a fake (tests/rollout/fakes.py). This is
+the only module of the client that imports aiohttp.
 """
 
 from __future__ import annotations
@@ -21,6 +24,39 @@ def make_session() -> aiohttp.ClientSession:
     """A session for thousands of concurrent requests (aiohttp's default caps at 100)."""
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, force_close=False)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+
+class Transport:
+    """The client's HTTP session, opened and closed on the rollout event loop."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self._session = make_session()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        address: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        rid: str = "",
+        setting: str = "",
+    ) -> tuple[int, Any]:
+        """Send one request; return (status, parsed JSON or text). Raises TransientServerError.
+
+        `setting` names the config field `timeout` comes from, so a timeout says what to raise.
+        """
+        if self._session is None:
+            raise RuntimeError("the rollout client is not initialized; call initialize() or use it in a with block")
+        return await request(self._session, method, address, path, body, timeout, rid, setting)
 
 
 async def request(

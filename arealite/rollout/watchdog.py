@@ -19,13 +19,13 @@ import asyncio
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from arealite.config import InferenceEngineConfig
 from arealite.rollout.errors import TransientServerError
-from arealite.rollout.transport import request
-
-if TYPE_CHECKING:
-    from arealite.rollout.remote_sglang import RemoteSGLangEngine
+from arealite.rollout.gate import VersionGate
+from arealite.rollout.servers import ServerPool
+from arealite.rollout.transport import Transport
 
 logger = logging.getLogger(__name__)
 
@@ -79,17 +79,31 @@ def report_stall(verdict: str, diagnostic: str) -> None:
     logger.warning("%s\n(raised if nothing moves for another rollout.stall_timeout)", diagnostic)
 
 
-async def _server_line(engine: RemoteSGLangEngine, address: str) -> str:
-    pool = engine.pool
+class Diagnosis:
+    """What the stall diagnostic reads: the servers' states as the client and they see them."""
+
+    def __init__(
+        self, transport: Transport, pool: ServerPool, gate: VersionGate, config: InferenceEngineConfig,
+        awaiting: set[str],
+    ) -> None:  # fmt: skip
+        self.transport, self.pool, self.gate, self.config = transport, pool, gate, config
+        self.awaiting = awaiting  # servers back after a broadcast they missed (the weight updater's set)
+
+    async def __call__(self, snapshot: dict[str, Any], idle: float) -> str:
+        return await adiagnose(self, snapshot, idle)
+
+
+async def _server_line(d: Diagnosis, address: str) -> str:
+    pool = d.pool
     if pool.is_healthy(address):
         state = f"in rotation, {pool.outstanding(address)} tokens outstanding"
-    elif address in engine.weights.awaiting:
+    elif address in d.awaiting:
         state = "out of rotation, awaiting weights (rejoins at the next weight sync)"
     else:
         state = "out of rotation (failed; probed every rollout.health_check_interval)"
-    timeout = engine.config.health_check_timeout
+    timeout = d.config.health_check_timeout
     try:
-        status, info = await request(engine._session, "GET", address, "/get_server_info", None, timeout)
+        status, info = await d.transport.request("GET", address, "/get_server_info", None, timeout)
         own = (info or {}).get("internal_states", [{}])[0] if status == 200 and isinstance(info, dict) else {}
         reported = ", ".join(f"{k}={own[k]}" for k in ("paused", "num_running", "num_waiting", "weight_version") if k in own)
         reported = f"reports {reported or f'HTTP {status}'}"
@@ -98,11 +112,11 @@ async def _server_line(engine: RemoteSGLangEngine, address: str) -> str:
     return f"  server {address}: {state}; {reported}"
 
 
-async def adiagnose(engine: RemoteSGLangEngine, snapshot: dict[str, Any], idle: float) -> str:
+async def adiagnose(d: Diagnosis, snapshot: dict[str, Any], idle: float) -> str:
     """The stall diagnostic; `snapshot` is WorkflowExecutor.snapshot()."""
-    lines = [f"rollout made no progress for {idle:.0f}s (rollout.stall_timeout={engine.config.stall_timeout}s):"]
-    lines += await asyncio.gather(*(_server_line(engine, a) for a in engine.pool.addresses))
-    if engine.paused:
+    lines = [f"rollout made no progress for {idle:.0f}s (rollout.stall_timeout={d.config.stall_timeout}s):"]
+    lines += await asyncio.gather(*(_server_line(d, a) for a in d.pool.addresses))
+    if d.gate.paused:
         lines.append("  client: paused (a weight sync is under way, or resume() was not called after pause())")
     s = snapshot
     lines.append(f"  queues: {s['queued']} queued for capacity, {s['sync_waiting']} rollout_batch episodes waiting for "

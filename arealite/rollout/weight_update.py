@@ -24,7 +24,7 @@ client asks for; a name already loaded (a trainer restarted against running serv
 unloaded and loaded again, since its files may differ now. Only pause mode abort: a request
 kept on a paused SGLang server would finish on the adapter it started with.
 
-Distributed groups (module `arealite.utils.distributed_sync` drives them): the client keeps
+Distributed groups (`arealite.weight_sync.distributed` drives them): the client keeps
 the current group's `members`, sends bucket calls to exactly those, and keeps feeding the
 live ones when one fails, so the trainer's broadcast is held up by nobody but the failed
 server. `rollout.weight_update_timeout` bounds every wait, and goes in the init body as
@@ -35,15 +35,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from arealite.rollout import protocol
 from arealite.rollout.errors import TransientServerError, WeightUpdateError
-from arealite.rollout.transport import request
+from arealite.config import InferenceEngineConfig
+from arealite.rollout.health import HealthMonitor
+from arealite.rollout.servers import ServerPool
+from arealite.rollout.transport import Transport
 from arealite.types import WeightUpdateMeta
-
-if TYPE_CHECKING:
-    from arealite.rollout.remote_sglang import RemoteSGLangEngine
 
 logger = logging.getLogger(__name__)
 _DIST_SETTING = "rollout.weight_update_timeout"
@@ -56,10 +56,18 @@ def _request_fields(keep_requests: bool) -> dict[str, Any]:
 
 
 class WeightUpdater:
-    """Sends weight-update calls for one engine; remembers what a rejoining server missed."""
+    """Sends weight-update calls to the pool's servers; remembers what a rejoining server missed.
 
-    def __init__(self, engine: RemoteSGLangEngine) -> None:
-        self._engine = engine
+    `health` answers liveness (`alive`) and puts a server that received the weights it
+    missed back into rotation (`bring_back`)."""
+
+    def __init__(
+        self, transport: Transport, pool: ServerPool, config: InferenceEngineConfig, health: HealthMonitor
+    ) -> None:
+        self._transport = transport
+        self._pool = pool
+        self._config = config
+        self._health = health
         self._last_disk: WeightUpdateMeta | None = None
         self._last_distributed: WeightUpdateMeta | None = None
         self._last_lora: WeightUpdateMeta | None = None
@@ -70,11 +78,10 @@ class WeightUpdater:
         self._pending: set[asyncio.Future] = set()  # fire-and-forget destroy calls
 
     async def _post(self, address: str, path: str, body: dict[str, Any], timeout: float | None = None, setting: str = "") -> None:
-        engine = self._engine
         if timeout is None:
-            timeout, setting = engine.config.request_timeout, "rollout.request_timeout"
+            timeout, setting = self._config.request_timeout, "rollout.request_timeout"
         try:
-            status, reply = await request(engine._session, "POST", address, path, body, timeout, setting=setting)
+            status, reply = await self._transport.request("POST", address, path, body, timeout, setting=setting)
         except TransientServerError as e:
             raise WeightUpdateError(f"POST {path} failed: {e}", address) from e
         if status != 200 or (isinstance(reply, dict) and reply.get("success") is False):
@@ -91,8 +98,9 @@ class WeightUpdater:
         done = 0
         for address, result in zip(addresses, results):
             if isinstance(result, BaseException):
-                if isinstance(result.__cause__, TransientServerError) and not await self._engine.health.alive(address):
-                    self._engine.health.take_out(address, f"it died during {path}; it gets the weights when back")
+                dead = isinstance(result.__cause__, TransientServerError) and not await self._health.alive(address)
+                if dead:
+                    self._pool.take_out(address, f"it died during {path}; it gets the weights when back")
                     continue
                 raise result
             done += 1
@@ -102,11 +110,11 @@ class WeightUpdater:
     @property
     def _keeps_requests(self) -> bool:
         """Whether paused servers hold on to their requests (pause_mode in_place / retract)."""
-        return self._engine.config.pause_mode != "abort"
+        return self._config.pause_mode != "abort"
 
     @property
     def _dist_timeout(self) -> float:
-        return self._engine.config.weight_update_timeout + _SERVER_GRACE_S
+        return self._config.weight_update_timeout + _SERVER_GRACE_S
 
     @staticmethod
     def _disk_body(meta: WeightUpdateMeta, keep_requests: bool) -> dict[str, Any]:
@@ -130,7 +138,7 @@ class WeightUpdater:
         if meta.type == "disk":
             if not meta.path:
                 raise WeightUpdateError("WeightUpdateMeta(type='disk') needs path= the folder holding the new weights")
-            addresses = self._engine.pool.healthy
+            addresses = self._pool.healthy
             body = self._disk_body(meta, self._keeps_requests)
             await self._post_each(addresses, "/update_weights_from_disk", [body] * len(addresses))
             self._last_disk = meta
@@ -145,7 +153,7 @@ class WeightUpdater:
         elif meta.type == "lora":
             if not meta.path or not meta.lora_name:
                 raise WeightUpdateError("WeightUpdateMeta(type='lora') needs path= the adapter folder and lora_name=")
-            addresses = self._engine.pool.healthy
+            addresses = self._pool.healthy
             await self._post_each(addresses, "/load_lora_adapter", [meta] * len(addresses), self._load_adapter)
             self._last_lora = meta
         else:
@@ -166,7 +174,7 @@ class WeightUpdater:
         old, self.adapters[address] = self.adapters.get(address), meta.lora_name
         if old is not None and old != meta.lora_name:
             try:  # best effort: an adapter left behind costs memory, not correctness
-                await self._post(address, "/unload_lora_adapter", {"lora_name": old}, self._engine.config.control_timeout, "rollout.control_timeout")
+                await self._post(address, "/unload_lora_adapter", {"lora_name": old}, self._config.control_timeout, "rollout.control_timeout")
             except WeightUpdateError as e:
                 logger.warning("could not unload the replaced LoRA adapter %s from %s: %s", old, address, e)
 
@@ -175,7 +183,7 @@ class WeightUpdater:
         gets no more; the others keep receiving, so only the failed one can hold up the
         trainer's broadcast. Raises WeightUpdateError naming every failed member."""
         in_group = self.group is not None and self.group.group_name == meta.group_name
-        live = list(self.members if in_group else self._engine.pool.healthy)
+        live = list(self.members if in_group else self._pool.healthy)
         failed: dict[str, str] = {}
         path = "/update_weights_from_distributed"
         for i in range(len(meta.buckets)):
@@ -191,15 +199,15 @@ class WeightUpdater:
             raise error
         for address in sorted(self.awaiting & set(self.members if in_group else ())):
             self.awaiting.discard(address)
-            await self._engine.health.bring_back(address)
+            await self._health.bring_back(address)
 
     async def _post_member(self, address: str, path: str, body: dict[str, Any]) -> None:
         """One bucket call, abandoned if the server is taken out of rotation meanwhile (a hung
         server would otherwise hold it until its timeout)."""
-        if not self._engine.pool.is_healthy(address):  # awaiting weights: out of rotation by design
+        if not self._pool.is_healthy(address):  # awaiting weights: out of rotation by design
             return await self._post(address, path, body, self._dist_timeout, _DIST_SETTING)
         call = asyncio.ensure_future(self._post(address, path, body, self._dist_timeout, _DIST_SETTING))
-        await asyncio.wait((call, self._engine.health.left_rotation(address)), return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait((call, self._pool.left_rotation(address)), return_when=asyncio.FIRST_COMPLETED)
         if not call.done():
             call.cancel()
             raise WeightUpdateError(f"POST {path} abandoned: the server left the rotation", address)
@@ -209,7 +217,7 @@ class WeightUpdater:
         """Have server i of `members` (default: all) join the trainer's group as rank 1 + i."""
         if meta.backend not in ("gloo", "nccl"):
             raise WeightUpdateError(f"WeightUpdateMeta.backend={meta.backend!r} is not supported; use 'gloo' or 'nccl'")
-        addresses = list(self._engine.pool.addresses if members is None else members)
+        addresses = list(self._pool.addresses if members is None else members)
         bodies = [
             {
                 "master_address": meta.master_address,
@@ -239,7 +247,7 @@ class WeightUpdater:
         self.group, self.members = None, []
         if group is None:
             return
-        timeout = self._engine.config.health_check_timeout
+        timeout = self._config.health_check_timeout
         for address in members:
             task = asyncio.ensure_future(
                 self._post(address, "/destroy_weights_update_group", {"group_name": group.group_name}, timeout)
@@ -256,36 +264,39 @@ class WeightUpdater:
         """The servers a new group should hold: those in rotation and those awaiting weights,
         each alive now (in address order, so ranks are stable). Liveness, not /health: the
         servers are paused during a sync, and SGLang's /health blocks while paused."""
-        pool = self._engine.pool
+        pool = self._pool
         wanted = [a for a in pool.addresses if pool.is_healthy(a) or a in self.awaiting]
-        alive = await asyncio.gather(*(self._engine.health.alive(a) for a in wanted))
+        alive = await asyncio.gather(*(self._health.alive(a) for a in wanted))
         return [a for a, ok in zip(wanted, alive) if ok]
 
     async def aexclude_dead(self, addresses: list[str]) -> list[str]:
         """Check `addresses` are alive; take those that are not out of rotation. Returns them."""
-        alive = await asyncio.gather(*(self._engine.health.alive(a) for a in addresses))
+        alive = await asyncio.gather(*(self._health.alive(a) for a in addresses))
         dead = [a for a, ok in zip(addresses, alive) if not ok]
         for address in dead:
             self.awaiting.discard(address)
-            self._engine.health.take_out(address, "it failed during a distributed weight update; it gets the weights at the next sync after it is back")
+            self._pool.take_out(
+                address,
+                "it failed during a distributed weight update; it gets the weights at the next sync after it is back",
+            )
         return dead
 
     async def aconfirm(self, version: int) -> dict[str, str]:
         """Every server in rotation reports `weight_version == version`. One that cannot be
         reached and fails a probe leaves the rotation (re-synced when back); one serving
         another version raises, since it would poison the next batch."""
-        engine = self._engine
-        addresses = engine.pool.healthy
+        addresses = self._pool.healthy
 
         async def ask(address: str) -> str | None:
             try:
-                status, reply = await request(
-                    engine._session, "GET", address, "/get_model_info", None, engine.config.control_timeout, setting="rollout.control_timeout"
-                )
+                status, reply = await self._transport.request(
+                    "GET", address, "/get_model_info", None, self._config.control_timeout,
+                    setting="rollout.control_timeout",
+                )  # fmt: skip
             except TransientServerError as e:
-                if await engine.health.alive(address):
+                if await self._health.alive(address):
                     raise WeightUpdateError(f"the version check failed: {e}", address) from e
-                engine.health.take_out(address, f"it died after the weight update to version {version}")
+                self._pool.take_out(address, f"it died after the weight update to version {version}")
                 return None
             return str(reply.get("weight_version")) if status == 200 and isinstance(reply, dict) else f"<HTTP {status}>"
 

@@ -1,7 +1,7 @@
 """Weight updates: from disk, and over torch.distributed from a trainer (docs/protocol.md §3).
 
 Distributed: `/init_weights_update_group` joins a stand-alone group as rank `rank_offset`
-(`arealite.utils.process_group`; the trainer's rank 0 hosts the store and is the broadcast
+(`arealite.weight_sync.group`; the trainer's rank 0 hosts the store and is the broadcast
 source). Each `/update_weights_from_distributed` call receives its tensors in the listed
 order and copies them into the parameters of the same HF names. Receives run in a worker
 thread so the event loop keeps serving; each copy holds the model lock, so no forward sees
@@ -23,7 +23,7 @@ from arealite.server.errors import BadBody, json_body, json_response
 from arealite.server.model_runner import load_model
 from arealite.server.state import ServerState
 from arealite.utils.hf_weights import read_hf_weights
-from arealite.utils.process_group import broadcast, init_custom_process_group, release_store
+from arealite.weight_sync.group import broadcast, init_custom_process_group, release_store
 
 logger = logging.getLogger("arealite.server")
 NOT_FLUSHED = (

@@ -28,27 +28,14 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from arealite import world
 from arealite.config import TrainEngineConfig
 from arealite.data.packing import Batch, balanced_partition, pack, select, seqlens_of, split_by_token_budget, unpack
+from arealite.interfaces import LossFn, LossWeightFn, PostHook
 from arealite.stats.tracker import StatsTracker
 from arealite.train import varlen_attention
 from arealite.train.data_parallel import balance_across_ranks
 from arealite.train.lr_schedule import build_scheduler
-from arealite.train.weights import (
-    WeightSpec,
-    broadcast_buckets,
-    iter_full_weights,
-    load_full_weights,
-    save_hf,
-    weight_buckets,
-)
-from arealite.types import WeightUpdateMeta
+from arealite.train.weights import iter_full_weights, load_full_weights, save_hf
 from arealite.utils.hf_weights import read_hf_weights
 
-# loss_fn(logits [N, V] of one packed micro-batch, that micro-batch) -> (scalar loss, stats)
-LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, Any]]]
-# loss_weight_fn(packed micro-batch) -> its weight in the global mean (e.g. its loss tokens)
-LossWeightFn = Callable[[Batch], float]
-# post_hook(logits [N, V], packed micro-batch) -> per-token result [N, ...]
-PostHook = Callable[[torch.Tensor, Batch], torch.Tensor]
 ModelBuilder = Callable[[str, str], torch.nn.Module]
 _Engine = TypeVar("_Engine", bound="FSDPEngine")
 
@@ -120,7 +107,6 @@ class FSDPEngine:
         self._model: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
-        self.weight_update_groups: dict[str, Any] = {}  # group name -> process group (rank 0 only)
         self.version = 0  # weight version of the current parameters; set by the weight sync
         self._in_process_group = False  # counted among the default group's engines (see _join_process_group)
 
@@ -174,10 +160,8 @@ class FSDPEngine:
         return self.version
 
     def destroy(self) -> None:
-        """Drop the model, optimizer and weight-update groups. The default process group ends
-        with the last engine when an engine started it (one already up, e.g. torchrun's, stays)."""
-        for name in list(self.weight_update_groups):
-            self.destroy_weight_update_group(name)
+        """Drop the model and optimizer. The default process group ends with the last engine
+        when an engine started it (one already up, e.g. torchrun's, stays)."""
         self._model = self.optimizer = self.scheduler = None
         if self._in_process_group:
             self._in_process_group = False
@@ -376,72 +360,3 @@ class FSDPEngine:
     def export_weights(self, dtype: torch.dtype | None = None):
         """Iterator of (name, full tensor); collective — every rank must exhaust it."""
         return iter_full_weights(self.model, dtype)
-
-    # ---- weight upload to inference servers (the tensor side; HTTP is the rollout client's) ----
-
-    def weight_buckets(self, meta: WeightUpdateMeta) -> list[list[WeightSpec]]:
-        """The buckets `upload_weights` broadcasts, in order: lists of (name, dtype, shape).
-
-        Each bucket is one `/update_weights_from_distributed` body (names, dtypes, shapes).
-        Tensors travel in the compute dtype (bf16 on CUDA, fp32 on CPU).
-        """
-        return weight_buckets(self.model, self.compute_dtype, meta.weight_chunk_mb)
-
-    def init_weight_update_group(self, meta: WeightUpdateMeta, world_size: int, backend: str | None = None) -> None:
-        """Rank 0 joins the weight-update group as its rank 0 (it hosts the store); others return.
-
-        `world_size` = 1 + the number of server ranks. Blocks until every server has joined,
-        so the `/init_weights_update_group` requests must be in flight concurrently.
-        """
-        if not world.is_main():
-            return
-        from arealite.utils.process_group import init_custom_process_group
-
-        backend = backend or getattr(meta, "backend", None) or ("nccl" if self.device.type == "cuda" else "gloo")
-        self.weight_update_groups[meta.group_name] = init_custom_process_group(
-            backend, meta.master_address, meta.master_port, 0, world_size, meta.group_name, meta.timeout
-        )
-
-    def destroy_weight_update_group(self, group_name: str) -> None:
-        """Drop a weight-update group (rank 0). Its connections close with it, so servers still
-        waiting on it fail at once instead of at their timeout."""
-        from arealite.utils.process_group import release_store
-
-        self.weight_update_groups.pop(group_name, None)
-        release_store(group_name)
-
-    def upload_weights(self, meta: WeightUpdateMeta, on_bucket: Callable[[int, list], None] | None = None) -> None:
-        """Push the current weights out; collective over trainer ranks.
-
-        disk: rank 0 writes an HF folder to `meta.path`, then all ranks meet at a barrier.
-        lora: the same with the adapter's peft folder (the engine must have `config.lora`).
-        distributed: every rank gathers full parameters; rank 0 broadcasts them over the
-        group `meta.group_name`, in the order of `meta.buckets` when set (what the client
-        sends), else of `weight_buckets(meta)`. `on_bucket(i, bucket)` runs on rank 0 just
-        before bucket i is broadcast. If a broadcast fails (a server died or timed out), the
-        group is dropped and rank 0 raises WeightBroadcastError once every rank is done.
-        """
-        if meta.type in ("disk", "lora"):
-            if not meta.path:
-                raise ValueError(f"WeightUpdateMeta.path is empty; {meta.type} weight updates need a shared folder")
-            if (meta.type == "lora") != (self.config.lora is not None):
-                raise ValueError(
-                    f"WeightUpdateMeta.type={meta.type!r} does not fit this engine "
-                    f"({'a LoRA adapter' if self.config.lora else 'no LoRA adapter'}); use weight_update=lora exactly when actor.lora is set"
-                )
-            self.save(meta.path)
-        elif meta.type == "distributed":
-            from arealite.utils.process_group import WeightBroadcastError
-
-            buckets = getattr(meta, "buckets", None) or self.weight_buckets(meta)
-            # The group is passed without keeping a reference here, so that on a failure
-            # dropping it really closes it (see broadcast_buckets).
-            failure = broadcast_buckets(
-                self.model, buckets, self.weight_update_groups.get(meta.group_name), on_bucket,
-                on_failure=lambda: self.destroy_weight_update_group(meta.group_name),
-            )  # fmt: skip
-            world.barrier()
-            if failure is not None:  # rank 0 only, after every rank finished its gathers
-                raise WeightBroadcastError(failure)
-        else:
-            raise ValueError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk', 'distributed' or 'lora'")

@@ -24,9 +24,9 @@ from arealite.config import GenerationHyperparameters
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest
-from arealite.workflow.base import RolloutWorkflow
+from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.workflow.prompt import encode_messages
-from arealite.workflow.scoring import RewardFn, Scorer
+from arealite.workflow.scoring import Scorer
 from arealite.workflow.truncation import is_truncated, stop_token_ids
 
 _PLACEHOLDER = "\ue000"  # a private-use character standing for the model's answer in the template
@@ -79,7 +79,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
         self.stop_ids = stop_token_ids(tokenizer, gconfig)
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
         messages = data.get("messages") or [{"role": "user", "content": data["prompt"]}]
         group_id = uuid.uuid4().hex
         results = await asyncio.gather(
@@ -103,7 +103,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         return traj
 
     async def _converse(
-        self, engine: Any, messages: list[dict[str, str]], data: dict[str, Any], group_id: str
+        self, engine: InferenceEngine, messages: list[dict[str, str]], data: dict[str, Any], group_id: str
     ) -> tuple[_Conversation, float] | None:
         conv = _Conversation(prompt_ids=encode_messages(self.tokenizer, messages))
         for turn in range(self.max_turns):

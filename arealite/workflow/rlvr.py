@@ -18,10 +18,10 @@ from arealite.config import GenerationHyperparameters
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest, ModelResponse
+from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.workflow.seeding import seeded_gconfig
-from arealite.workflow.base import RolloutWorkflow
 from arealite.workflow.prompt import encode_prompt
-from arealite.workflow.scoring import RewardFn, Scorer
+from arealite.workflow.scoring import Scorer
 from arealite.workflow.truncation import is_truncated, stop_token_ids
 
 
@@ -48,7 +48,7 @@ class RLVRWorkflow(RolloutWorkflow):
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
         self.stop_ids = stop_token_ids(tokenizer, gconfig)
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
         prompt_ids = encode_prompt(self.tokenizer, data)
         group_id = uuid.uuid4().hex  # one server for the whole group
         # with gconfig.sampling_seed set, sample i gets a seed of its own (reproducible runs)

@@ -17,9 +17,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from arealite.interfaces import RewardFn
 from arealite.reward.pool import RewardError, RewardPool, RewardTimeout, check_picklable
 
-RewardFn = Callable[..., float]  # fn(prompt, completion, prompt_ids, completion_ids, **data) -> float
 ON_REWARD_ERROR = ("reject", "raise", "zero")
 _POSITIONAL = ("prompt", "completion", "prompt_ids", "completion_ids")
 

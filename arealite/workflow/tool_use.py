@@ -32,9 +32,9 @@ from arealite.chat.template import render_prompt
 from arealite.config import GenerationHyperparameters
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import concat_padded
+from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
+from arealite.workflow.scoring import Scorer
 from arealite.workflow.seeding import seeded_gconfig
-from arealite.workflow.base import RolloutWorkflow
-from arealite.workflow.scoring import RewardFn, Scorer
 from arealite.workflow.tools import Tool, ToolError
 
 
@@ -66,7 +66,7 @@ class ToolUseWorkflow(RolloutWorkflow):
         pool = reward_pool or RewardPool(max_workers=2, timeout=reward_timeout)
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
 
-    async def arun_episode(self, engine: Any, data: dict[str, Any]) -> dict[str, torch.Tensor] | None:
+    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
         messages = data.get("messages") or [{"role": "user", "content": data["prompt"]}]
         group_id = uuid.uuid4().hex  # one server for the whole group
         prompt_ids = render_prompt(self.tokenizer, messages, self.schemas)
@@ -83,7 +83,7 @@ class ToolUseWorkflow(RolloutWorkflow):
         return traj
 
     async def _agent(
-        self, engine: Any, messages: list[Any], data: dict[str, Any], group_id: str, prompt_ids: list[int], index: int, version: int
+        self, engine: InferenceEngine, messages: list[Any], data: dict[str, Any], group_id: str, prompt_ids: list[int], index: int, version: int
     ) -> tuple[dict[str, torch.Tensor], int] | None:
         """One sample: the agent loop, then its reward; None when the reward failed (reject)."""
         client = ChatClient(engine, self.tokenizer, self.gconfig, group_id)

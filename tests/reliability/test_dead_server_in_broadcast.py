@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import signal
 import threading
 import time
@@ -28,7 +27,7 @@ from arealite.rollout import RemoteSGLangEngine
 from arealite.server.process import launch_server_process
 from arealite.train.engine import FSDPEngine
 from arealite.types import ModelRequest
-from arealite.utils.weight_sync import init_weight_update, sync_weights
+from arealite.weight_sync import WeightSync
 
 from .conftest import SERVER_ARGS, start_builtin
 
@@ -38,22 +37,19 @@ HEALTH_TIMEOUT_S = 2.0
 SIGNALS = {"killed": (signal.SIGKILL, 20.0), "frozen": (signal.SIGSTOP, 4.0)}  # signal, weight_update_timeout
 
 
-class KillingEngine(FSDPEngine):
-    """The trainer engine, with a hook that signals a server just before bucket `kill_at`."""
+class Killer:
+    """The weight sync's `on_bucket` hook: signals a server just before bucket `kill_at`."""
 
     victim = None
     signal = signal.SIGKILL
     kill_at: int | None = None
     killed_at: float | None = None
 
-    def upload_weights(self, meta, on_bucket=None):
-        def hook(i, bucket):
-            if i == self.kill_at and self.victim is not None:
-                self.victim.proc.send_signal(self.signal)
-                self.killed_at = time.monotonic()
-                self.kill_at = None
-
-        return super().upload_weights(meta, hook)
+    def __call__(self, i, bucket):
+        if i == self.kill_at and self.victim is not None:
+            self.victim.proc.send_signal(self.signal)
+            self.killed_at = time.monotonic()
+            self.kill_at = None
 
 
 def scale(model: torch.nn.Module, factor: float) -> None:
@@ -99,19 +95,18 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
     config = InferenceEngineConfig(setup_timeout=60, request_timeout=60, health_check_interval=0.5,
                                    health_check_timeout=HEALTH_TIMEOUT_S, weight_update_timeout=update_timeout)  # fmt: skip
     rollout = RemoteSGLangEngine(config, [s.address for s in servers])
-    actor = KillingEngine(TrainEngineConfig(path=tiny_model_dir, optimizer=None))
+    actor = FSDPEngine(TrainEngineConfig(path=tiny_model_dir, optimizer=None))
+    killer, weight_sync = Killer(), None
     reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     restarted = None
     try:
         rollout.initialize()
         actor.initialize()
         # gloo also on CUDA: NCCL needs a GPU per rank, and this test runs three on one machine
-        meta_for = init_weight_update(actor, rollout, "distributed", str(tmp_path), rank=0, backend="gloo")
-
-        def sync(version: int) -> None:
-            meta = meta_for(version)  # one tensor per bucket: many buckets to die between
-            meta = dataclasses.replace(meta, buckets=[[spec] for bucket in meta.buckets for spec in bucket])
-            sync_weights(actor, rollout, meta, 0, lambda: None)
+        weight_sync = WeightSync(actor, rollout, "distributed", backend="gloo", on_bucket=killer)
+        # one tensor per bucket: many buckets to die between
+        weight_sync.buckets = [[spec] for bucket in weight_sync.buckets for spec in bucket]
+        sync = weight_sync.sync
 
         scale(actor.model, 1.5)
         scale(reference, 1.5)
@@ -122,15 +117,15 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
         # ---- the loss: between buckets 3 and 4 of version 2 ----
         scale(actor.model, 0.8)
         scale(reference, 0.8)
-        actor.victim, actor.signal, actor.kill_at = victim, sig, 3
+        killer.victim, killer.signal, killer.kill_at = victim, sig, 3
         excluded_at: list[float] = []
         watcher = threading.Thread(target=_watch_exclusion, args=(rollout, victim.address, excluded_at), daemon=True)
         watcher.start()
         sync(2)
         synced_at = time.monotonic()
         watcher.join(10)
-        assert actor.killed_at is not None and excluded_at, "the victim was not signalled, or never excluded"
-        detection, completion = excluded_at[0] - actor.killed_at, synced_at - actor.killed_at
+        assert killer.killed_at is not None and excluded_at, "the victim was not signalled, or never excluded"
+        detection, completion = excluded_at[0] - killer.killed_at, synced_at - killer.killed_at
         print(f"{how} server excluded {detection:.3f}s after the signal; the sync finished {completion:.3f}s after it "
               f"(bound {bound:.0f}s: weight_update_timeout={update_timeout}s + 5 s + health_check_timeout={HEALTH_TIMEOUT_S}s)")  # fmt: skip
         assert detection < bound + 5.0  # + scheduling slack on a loaded machine
@@ -159,6 +154,8 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
         assert_serves(survivor, reference, 3, actor.compute_dtype)
         assert_serves(restarted, reference, 3, actor.compute_dtype)
     finally:
+        if weight_sync is not None:
+            weight_sync.close()
         rollout.destroy()
         actor.destroy()
         if sig == signal.SIGSTOP:

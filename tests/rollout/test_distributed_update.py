@@ -1,5 +1,5 @@
 """Weight updates over a process group: the test plays the trainer's rank 0 and broadcasts
-the buckets while the client's HTTP calls are in flight, as sync_weights does."""
+the buckets while the client's HTTP calls are in flight, as WeightSync.sync does."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout import RemoteSGLangEngine, WeightUpdateError
 from arealite.utils.net import free_ports
 from arealite.types import ModelRequest, WeightUpdateMeta
-from arealite.utils.process_group import broadcast, init_custom_process_group
+from arealite.weight_sync.group import broadcast, init_custom_process_group
 from tests.tolerance import assert_close
 
 

@@ -78,7 +78,7 @@ def test_prompt_over_context_is_a_generation_error(engine):
 
 def test_budget_is_clamped_to_context(engine):
     gconfig = GenerationHyperparameters(max_new_tokens=64, temperature=0.0)
-    context = engine._context_length[engine.pool.addresses[0]]
+    context = engine.pool.context_length(engine.pool.addresses[0])
     resp = asyncio.run(engine.agenerate(ModelRequest(input_ids=[5] * (context - 4), gconfig=gconfig)))
     assert resp.output_len <= 3
 

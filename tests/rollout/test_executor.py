@@ -15,7 +15,7 @@ from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout import RemoteSGLangEngine, RolloutWorkflowError
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest, WeightUpdateMeta
-from arealite.workflow import RolloutWorkflow
+from arealite.interfaces import RolloutWorkflow
 
 from .test_staleness import ListLoader
 

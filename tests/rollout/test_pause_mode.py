@@ -70,7 +70,7 @@ def wait_running(servers, n: int, future=None) -> None:
 
 
 def sync(engine: RemoteSGLangEngine, servers, path: str, version: int) -> int:
-    """pause -> update -> set_version -> resume, as sync_weights does; returns the requests
+    """pause -> update -> set_version -> resume, as WeightSync.sync does; returns the requests
     the servers held while paused."""
     engine.pause()
     held = held_requests(servers)

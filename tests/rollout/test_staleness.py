@@ -1,7 +1,7 @@
 """Bounded staleness: no trained token is more than max_head_offpolicyness versions behind.
 
 The trainer is played by the test: after each batch it pushes weights from disk (a copy of
-the tiny model) as the next version, exactly as sync_weights does.
+the tiny model) as the next version, exactly as WeightSync.sync does.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ TRAINER = textwrap.dedent(
     """
     import sys, torch
     from transformers import AutoModelForCausalLM
-    from arealite.utils.process_group import init_custom_process_group, broadcast
+    from arealite.weight_sync.group import init_custom_process_group, broadcast
     path, port, group = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     pg = init_custom_process_group("gloo", "127.0.0.1", port, 0, 2, group, timeout=120)

@@ -28,6 +28,8 @@ from arealite.config import GenerationHyperparameters, MicroBatchSpec, Optimizer
 from arealite.data.packing import select  # noqa: E402
 from arealite.train.actor import PPOActor  # noqa: E402
 from arealite.train.data_parallel import balance_across_ranks  # noqa: E402
+from arealite.weight_sync.buckets import broadcast_buckets, weight_buckets  # noqa: E402
+from arealite.weight_sync.distributed import Groups  # noqa: E402
 from arealite.types import WeightUpdateMeta  # noqa: E402
 from tests.train.helpers import make_batch  # noqa: E402
 
@@ -94,7 +96,8 @@ def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
                             group_name="test_group", weight_chunk_mb=1, version=1)  # fmt: skip
     group_size = 1 + len(addrs)
     main = world.is_main()
-    buckets = actor.weight_buckets(meta)
+    buckets = weight_buckets(actor.model, actor.compute_dtype, meta.weight_chunk_mb)
+    groups = Groups()  # rank 0's end of the group, as WeightSync holds it
     init = [
         lambda a=a, i=i: _post(a, "/init_weights_update_group", {
             "master_address": "127.0.0.1", "master_port": port, "rank_offset": 1 + i, "world_size": group_size,
@@ -114,9 +117,12 @@ def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
         for t in threads:
             t.start()
         if phase is init:
-            actor.init_weight_update_group(meta, group_size)
+            if main:
+                groups.join(meta, group_size)
         else:
-            actor.upload_weights(meta)
+            failure = broadcast_buckets(actor.model, buckets, groups.get(meta.group_name))
+            world.barrier()
+            assert failure is None, failure
         for t in threads:
             t.join(timeout=120)
         if errors:
@@ -133,7 +139,7 @@ def main(argv: list[str]) -> None:
     if mode == "sync":
         sync(actor, argv[3].split(","), int(argv[4]))
         if world.is_main():
-            Path(out_dir, "buckets.json").write_text(json.dumps(actor.weight_buckets(WeightUpdateMeta(weight_chunk_mb=1))))
+            Path(out_dir, "buckets.json").write_text(json.dumps(weight_buckets(actor.model, actor.compute_dtype, 1)))
     actor.save(os.path.join(out_dir, "hf"))
     if world.is_main():
         Path(out_dir, "stats.json").write_text(json.dumps(stats))

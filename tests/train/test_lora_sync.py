@@ -16,7 +16,7 @@ from arealite.rollout import RemoteSGLangEngine  # noqa: E402
 from arealite.server.process import launch_server_process  # noqa: E402
 from arealite.train.actor import PPOActor  # noqa: E402
 from arealite.types import ModelRequest  # noqa: E402
-from arealite.utils.weight_sync import init_weight_update, sync_weights  # noqa: E402
+from arealite.weight_sync import WeightSync  # noqa: E402
 from tests.tolerance import tolerance  # noqa: E402
 from tests.train.helpers import make_batch  # noqa: E402
 
@@ -86,10 +86,10 @@ def sync_and_compare(tiny_model_dir: str, run_dir, dtype: str) -> list[dict]:
         rollout.initialize()
         config = PPOActorConfig(path=tiny_model_dir, dtype=dtype, optimizer=OptimizerConfig(lr=3e-2), lora=lora)
         actor = PPOActor(config, GenerationHyperparameters(group_size=2)).initialize()
-        meta_for = init_weight_update(actor, rollout, "lora", str(run_dir), rank=0, keep_versions=1)
+        weight_sync = WeightSync(actor, rollout, "lora", str(run_dir), keep_versions=1)
         for version in (1, 2):
             _train(actor, seed=10 * version)
-            sync_weights(actor, rollout, meta_for(version), rank=0, barrier=lambda: None)
+            weight_sync.sync(version)
             assert rollout.lora_adapter == f"arealite-lora-v{version}"
             status, models = server.get("/v1/models")
             assert [c["id"] for c in models["data"][1:]] == [f"arealite-lora-v{version}"]  # the old one was unloaded

@@ -67,7 +67,7 @@ def test_disk_weight_sync_then_logprobs_still_match(server, actor, tmp_path):
     assert mean_abs_logprob_diff(actor.compute_logp(batch), batch) > 1e-2  # stale server
 
     meta = WeightUpdateMeta(type="disk", path=str(tmp_path / "v1"), version=1)
-    actor.upload_weights(meta)
+    actor.save(meta.path)
     status, body = server.post("/update_weights_from_disk", {"model_path": meta.path, "weight_version": "1"})
     assert status == 200 and body["success"], body
     actor.set_version(1)
@@ -82,17 +82,17 @@ def test_disk_weight_sync_then_logprobs_still_match(server, actor, tmp_path):
 def test_disk_sync_keeps_the_newest_versions_after_the_servers_confirm(server, actor, tmp_path):
     from arealite.config import InferenceEngineConfig
     from arealite.rollout import RemoteSGLangEngine
-    from arealite.utils.weight_sync import init_weight_update, sync_weights
+    from arealite.weight_sync import WeightSync
 
     rollout = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [server.address])
     rollout.initialize()
     try:
-        meta_for = init_weight_update(actor, rollout, "disk", str(tmp_path), rank=0, keep_versions=2)
+        weight_sync = WeightSync(actor, rollout, "disk", str(tmp_path), keep_versions=2)
         (tmp_path / "weights").mkdir()
         (tmp_path / "weights" / "v9").mkdir()  # left over from a crashed attempt: above the versions synced
         (tmp_path / "weights" / "notes").mkdir()  # not a version folder: left alone
         for version in range(11, 15):
-            sync_weights(actor, rollout, meta_for(version), rank=0, barrier=lambda: None)
+            weight_sync.sync(version)
             status, info = server.get("/get_model_info")
             assert status == 200 and info["weight_version"] == str(version)
             kept = sorted(p.name for p in (tmp_path / "weights").iterdir())
@@ -100,11 +100,11 @@ def test_disk_sync_keeps_the_newest_versions_after_the_servers_confirm(server, a
     finally:
         rollout.destroy()
     with pytest.raises(ValueError, match="keep_versions=0"):
-        init_weight_update(actor, rollout, "disk", str(tmp_path), rank=0, keep_versions=0)
+        WeightSync(actor, rollout, "disk", str(tmp_path), keep_versions=0)
 
 
 def test_prune_weight_versions_keeps_the_window_below_the_current_version(tmp_path):
-    from arealite.utils.weight_sync import prune_weight_versions
+    from arealite.weight_sync.sync import prune_weight_versions
 
     for name in ("v1", "v2", "v3", "v4", "v5", "v6", "v10", "vx", "latest"):
         (tmp_path / name).mkdir()

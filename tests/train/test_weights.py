@@ -5,9 +5,8 @@ from __future__ import annotations
 import torch
 
 from arealite.config import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
-from arealite.train import weights as W
 from arealite.train.engine import FSDPEngine
-from arealite.types import WeightUpdateMeta
+from arealite.weight_sync.buckets import broadcast_buckets, weight_buckets
 from tests.tolerance import assert_close
 from tests.train.helpers import make_batch
 from tests.train.test_engine import _logp_loss, _weight
@@ -27,19 +26,19 @@ class _Net(torch.nn.Module):
 
 def test_buckets_keep_order_and_respect_the_bound():
     net = _Net()
-    buckets = W.weight_buckets(net, torch.float32, chunk_mb=1)
+    buckets = weight_buckets(net, torch.float32, chunk_mb=1)
     names = [n for b in buckets for n, _, _ in b]
     assert names == ["a.weight", "b.weight", "c.weight", "d.weight", "d.bias"]
     assert [[n for n, _, _ in b] for b in buckets] == [["a.weight"], ["b.weight"], ["c.weight"], ["d.weight", "d.bias"]]
     assert buckets[3][1] == ("d.bias", "float32", [256])
-    half = W.weight_buckets(net, torch.bfloat16, chunk_mb=1)  # 2-byte elements: twice as much per bucket
+    half = weight_buckets(net, torch.bfloat16, chunk_mb=1)  # 2-byte elements: twice as much per bucket
     assert [[n for n, _, _ in b] for b in half] == [["a.weight", "b.weight"], ["c.weight"], ["d.weight", "d.bias"]]
     assert half[0][0][1] == "bfloat16"
 
 
 def test_engine_buckets_cover_every_parameter_once(tiny_model_dir):
     engine = FSDPEngine(TrainEngineConfig(path=tiny_model_dir, dtype="float32")).initialize()
-    buckets = engine.weight_buckets(WeightUpdateMeta(type="distributed", weight_chunk_mb=1))
+    buckets = weight_buckets(engine.model, engine.compute_dtype, chunk_mb=1)
     listed = {n: s for b in buckets for n, _, s in b}
     assert listed == {n: list(p.shape) for n, p in engine.model.named_parameters()}
     exported = dict(engine.export_weights())
@@ -65,7 +64,6 @@ def test_upload_rejects_buckets_that_do_not_match_the_model(tiny_model_dir):
     import pytest
 
     engine = FSDPEngine(TrainEngineConfig(path=tiny_model_dir, dtype="float32")).initialize()
-    meta = WeightUpdateMeta(type="distributed", weight_chunk_mb=1)
-    meta.buckets = [[("model.embed_tokens.weight", "float32", [1, 2])]]
+    buckets = [[("model.embed_tokens.weight", "float32", [1, 2])]]
     with pytest.raises(ValueError, match="does not match the model"):
-        engine.upload_weights(meta)
+        broadcast_buckets(engine.model, buckets, None)

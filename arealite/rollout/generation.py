@@ -1,0 +1,188 @@
+"""`SampleGenerator`: one sample through interruptions, retries and failovers (docs/protocol.md).
+
+An `abort` reply (a pause for a weight sync) has its partial output appended to the prompt
+and is resubmitted with the remaining budget once the client resumes. A failed call is
+retried with backoff on a live server; a server that also fails a health probe leaves the
+rotation and the request moves elsewhere without using a retry. Every output token carries
+the weight version that produced it (never a newer one, see `protocol.token_versions`).
+
+The generator receives what it uses: the transport, the server pool, the version gate, the
+config, a health probe and a progress callback (the executor's watchdog).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from arealite.config import InferenceEngineConfig
+from arealite.rollout import protocol
+from arealite.rollout.errors import GenerationError, ServerUnavailable, TransientServerError
+from arealite.rollout.gate import VersionGate
+from arealite.rollout.servers import ServerPool
+from arealite.rollout.transport import Transport
+from arealite.types import ModelRequest, ModelResponse
+
+_MAX_BACKOFF = 5.0  # seconds, the cap of the exponential backoff between retries
+
+
+class SampleGenerator:
+    """Generates samples on the pool's servers; counts requests, interruptions and retries."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        pool: ServerPool,
+        gate: VersionGate,
+        config: InferenceEngineConfig,
+        probe: Callable[[str], Awaitable[bool]],
+        on_progress: Callable[[], None],
+    ) -> None:
+        self._transport = transport
+        self._pool = pool
+        self._gate = gate
+        self.config = config
+        self._probe = probe
+        self._on_progress = on_progress
+        self.stats: dict[str, int] = {"requests": 0, "interruptions": 0, "retries": 0}
+
+    async def agenerate(self, req: ModelRequest) -> ModelResponse:
+        """One sample for `req`, on the event loop."""
+        if not req.input_ids:
+            raise ValueError(f"request {req.rid} has an empty prompt; input_ids must hold at least one token")
+        budget = req.gconfig.max_new_tokens
+        group = req.group_id or req.rid
+        resp = ModelResponse(input_tokens=list(req.input_ids))
+        started = time.monotonic()
+        failures = 0
+        self.stats["requests"] += 1
+        while True:
+            remaining = budget - resp.output_len
+            await self._gate.wait_unpaused()  # resubmissions wait out a weight update client-side
+            address = await self._pick(group, remaining, req.rid)
+            sent_version = self._gate.version  # the servers hold at least this version (see token_versions)
+            lora_name = self._gate.lora_name  # the adapter of that version (weight_update=lora)
+            prompt = resp.input_tokens + resp.output_tokens
+            context = self._pool.context_length(address)
+            now_budget = protocol.clamp_max_new_tokens(remaining, len(prompt), context)
+            if now_budget <= 0:
+                self._pool.release(address, remaining)
+                if resp.output_len == 0:
+                    raise GenerationError(
+                        f"prompt of {len(prompt)} tokens leaves no room in the server's context length "
+                        f"{context}; filter long prompts (dataset.max_prompt_tokens)",
+                        address,
+                        req.rid,
+                    )
+                resp.stop_reason = "length"  # the context is full
+                break
+            try:
+                chunk = await self._call_server(address, prompt, req, now_budget, resp.output_len, lora_name)
+            except TransientServerError as e:
+                failures = await self._after_failure(address, e, failures)
+                continue
+            finally:
+                self._pool.release(address, remaining)
+            self._on_progress()
+            resp.output_tokens += chunk.tokens
+            resp.output_logprobs += chunk.logprobs
+            resp.output_versions += protocol.token_versions(chunk, sent_version)
+            resp.server = address
+            if chunk.finish_type != "abort":
+                resp.stop_reason = chunk.finish_type
+                break
+            resp.n_interruptions += 1
+            self.stats["interruptions"] += 1
+            if resp.output_len >= budget:  # interrupted exactly at the end of the budget
+                resp.stop_reason = "length"
+                break
+            if not chunk.tokens:
+                await asyncio.sleep(0.05)  # aborted while queued: don't spin
+        resp.latency = time.monotonic() - started
+        return resp
+
+    async def _call_server(
+        self,
+        address: str,
+        prompt: list[int],
+        req: ModelRequest,
+        max_new_tokens: int,
+        produced: int,
+        lora_name: str | None = None,
+    ) -> protocol.GenerateChunk:
+        """One /generate call, abandoned as a transient failure if the server leaves the
+        rotation meanwhile (a hung server never closes the connection)."""
+        left = self._pool.left_rotation(address)
+        call = asyncio.ensure_future(self._generate_once(address, prompt, req, max_new_tokens, produced, lora_name))
+        try:
+            await asyncio.wait((call, left), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not call.done():
+                call.cancel()
+        if not call.done() or call.cancelled():  # cancel() only takes effect at the task's next step
+            raise TransientServerError("server left the rotation during the request", address, req.rid)
+        return call.result()
+
+    async def _generate_once(
+        self,
+        address: str,
+        prompt: list[int],
+        req: ModelRequest,
+        max_new_tokens: int,
+        produced: int,
+        lora_name: str | None = None,
+    ) -> protocol.GenerateChunk:
+        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced, lora_name)
+        status, reply = await self._transport.request(
+            "POST", address, "/generate", body, self.config.request_timeout, req.rid, "rollout.request_timeout"
+        )
+        if status != 200:
+            raise GenerationError(f"/generate returned {status}: {protocol.error_message(reply)}", address, req.rid)
+        try:
+            chunk = protocol.parse_generate_reply(reply)
+        except ValueError as e:
+            raise GenerationError(f"malformed /generate reply: {e}", address, req.rid) from e
+        if chunk.error_status is not None:
+            raise GenerationError(
+                f"/generate aborted with status {chunk.error_status}: {chunk.message}", address, req.rid
+            )
+        if len(chunk.tokens) > max_new_tokens:
+            raise GenerationError(
+                f"server returned {len(chunk.tokens)} tokens for max_new_tokens={max_new_tokens}", address, req.rid
+            )
+        return chunk
+
+    async def _pick(self, group: str, work: int, rid: str) -> str:
+        """A server for `group`, waiting up to setup_timeout for one to come back if all are down."""
+        deadline = time.monotonic() + self.config.setup_timeout
+        while True:
+            address = self._pool.pick(group, work)
+            if address is not None:
+                return address
+            if time.monotonic() > deadline:
+                raise ServerUnavailable(
+                    f"no server in rotation for {self.config.setup_timeout}s (all of {self._pool.addresses} are down)",
+                    rid=rid,
+                )
+            await asyncio.sleep(min(0.5, self.config.health_check_interval))
+
+    async def _after_failure(self, address: str, error: TransientServerError, failures: int) -> int:
+        """Decide what a failed call means: a dead server leaves the rotation (the request moves
+        on without using a retry); a live one is retried with exponential backoff."""
+        if self._pool.is_healthy(address) and not await self._probe(address):
+            self._pool.take_out(address, f"a request failed ({error}) and so did a health probe")
+            return failures
+        if not self._pool.is_healthy(address):  # another request already took it out
+            return failures
+        failures += 1
+        if failures > self.config.request_retries:
+            raise ServerUnavailable(
+                f"gave up after {failures} failed attempts "
+                f"(rollout.request_retries={self.config.request_retries}): {error}",
+                address,
+                error.rid,
+            ) from error
+        self.stats["retries"] += 1
+        await asyncio.sleep(min(_MAX_BACKOFF, 0.2 * 2 ** (failures - 1)))
+        return failures

@@ -1,0 +1,180 @@
+"""`WeightSync`: the trainer's weights to every server, as one object (docs/architecture.md §6).
+
+    with WeightSync(actor, rollout, config.weight_update, config.run_dir) as weight_sync:  # collective
+        ...
+        weight_sync.sync(version)                                                         # collective
+
+Construction prepares the transport once: `disk` and `lora` need nothing; `distributed` has
+trainer rank 0 host a process group that every server joins (docs/protocol.md §3.3).
+`sync(version)`, on every trainer rank: (disk/lora: rank 0 writes the weights while the servers
+keep generating) -> pause -> all ranks meet -> the servers load (disk/lora: one call per
+server; distributed: one call per bucket while rank 0 broadcasts it) -> rank 0 checks every
+server in rotation reports `version` -> all ranks meet -> the client and the actor move to
+`version` -> resume.
+
+WeightSync owns the order of these steps and the trainer's end of the transport (the folder
+and its retention, the buckets and the group). Every HTTP call to a server goes through the
+rollout client and its transport (`arealite.rollout.weight_update`); this package imports
+neither the rollout client nor the trainer, only their interfaces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Callable
+
+from arealite import world
+from arealite.interfaces import InferenceEngine, TrainEngine
+from arealite.types import WeightUpdateMeta
+from arealite.weight_sync.buckets import WeightSpec, broadcast_buckets, weight_buckets
+from arealite.weight_sync.distributed import Groups, broadcast_weights, ensure_group
+from arealite.weight_sync.group import WeightBroadcastError
+
+MODES = ("disk", "distributed", "lora")
+
+
+class WeightSync:
+    """Moves `actor`'s weights to the servers of `rollout`; see the module docstring.
+
+    `mode`: "disk" (an HF folder under `<run_dir>/weights/v<N>`, the newest `keep_versions`
+    kept), "distributed" (broadcast over a process group; `backend` default nccl when the
+    actor computes on CUDA, else gloo; buckets of at most `chunk_mb` MiB) or "lora" (only the
+    actor's LoRA adapter, written like a disk version and loaded under a name per version).
+    `on_bucket(i, bucket)` runs on rank 0 just before bucket i is broadcast (tests use it to
+    fail a server mid-broadcast).
+    """
+
+    def __init__(
+        self,
+        actor: TrainEngine,
+        rollout: InferenceEngine,
+        mode: str = "disk",
+        run_dir: str = "",
+        keep_versions: int = 3,
+        backend: str | None = None,
+        chunk_mb: int = 256,
+        on_bucket: Callable[[int, list[WeightSpec]], None] | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"weight_update={mode!r} is not supported; use 'disk', 'distributed' or 'lora'")
+        if mode != "distributed" and keep_versions < 1:
+            raise ValueError(f"keep_versions={keep_versions} must be >= 1: the servers load the newest version")
+        has_lora = getattr(getattr(actor, "config", None), "lora", None) is not None
+        if (mode == "lora") != has_lora:
+            raise ValueError(
+                f"weight_update={mode!r} does not fit the actor "
+                f"({'a LoRA adapter' if has_lora else 'no LoRA adapter'}); use weight_update=lora exactly when "
+                "actor.lora is set"
+            )
+        if mode != "distributed" and not run_dir:
+            raise ValueError(f"weight_update={mode!r} needs run_dir: the folder the servers read the weights from")
+        self.actor, self.rollout, self.mode = actor, rollout, mode
+        self.run_dir, self.keep_versions = run_dir, keep_versions
+        self.on_bucket = on_bucket
+        self._groups = Groups()
+        self._meta: WeightUpdateMeta | None = None
+        self.buckets: list[list[WeightSpec]] = []
+        if mode == "distributed":
+            self.buckets = weight_buckets(actor.model, actor.compute_dtype, chunk_mb)
+            meta = WeightUpdateMeta(
+                type="distributed",
+                master_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                backend=backend or ("nccl" if actor.device.type == "cuda" else "gloo"),  # the trainer's device
+                timeout=rollout.config.weight_update_timeout,
+                weight_chunk_mb=chunk_mb,
+            )
+            if world.is_main():
+                meta = ensure_group(self._groups, rollout, meta)  # rebuilt when servers die or come back
+            self._meta = meta
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Drop the weight-update groups (rank 0's end); the servers' ends fail at once."""
+        self._groups.close()
+
+    def __enter__(self) -> WeightSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- one sync --------------------------------------------------------------------------
+
+    def meta(self, version: int) -> WeightUpdateMeta:
+        """What the servers are told for `version`."""
+        if self.mode == "distributed":
+            assert self._meta is not None
+            return dataclasses.replace(self._meta, version=version, buckets=self.buckets)
+        path = os.path.abspath(os.path.join(self.run_dir, "weights", f"v{version}"))
+        meta = WeightUpdateMeta(type="disk", path=path, version=version, keep_versions=self.keep_versions)
+        if self.mode == "lora":  # served as arealite-lora-v<version>
+            meta = dataclasses.replace(meta, type="lora", lora_name=f"arealite-lora-v{version}")
+        return meta
+
+    def sync(self, version: int) -> dict[str, str]:
+        """Push the actor's current weights to every server as `version`; collective over
+        trainer ranks. Returns {server: version} as confirmed on rank 0 ({} elsewhere)."""
+        meta = self.meta(version)
+        rollout, barrier = self.rollout, world.barrier
+        main = world.is_main()
+        if meta.type in ("disk", "lora"):
+            # Writing the files does not touch the servers, so they keep generating meanwhile;
+            # they pause only while they load.
+            self.actor.save(meta.path)  # rank 0 writes, then a barrier inside
+            rollout.pause()
+            barrier()  # every rank has stopped submitting before the servers load
+            if main:
+                rollout.update_weights(meta).result()
+        else:
+            rollout.pause()
+            barrier()  # every rank has stopped submitting before weights move
+            broadcast_weights(self._groups, rollout, meta, self._upload)  # a server that dies is excluded
+        seen: dict[str, str] = {}
+        if main:
+            seen = rollout.confirm_version(version)  # a down server resyncs on rejoin
+            print(f"[weight-sync] version {version} confirmed by {', '.join(sorted(seen))}", flush=True)
+            if meta.type in ("disk", "lora"):
+                prune_weight_versions(os.path.dirname(meta.path), self.keep_versions, version)
+        barrier()  # servers hold the new weights before anyone resumes
+        if meta.type == "lora":
+            rollout.set_lora_adapter(meta.lora_name)  # every rank's client asks for the new adapter
+        rollout.set_version(version)
+        self.actor.set_version(version)
+        rollout.resume()
+        return seen
+
+    def _upload(self, meta: WeightUpdateMeta) -> None:
+        """Every rank gathers; rank 0 broadcasts over `meta.group_name` in the buckets' order.
+        A failed broadcast drops the group and raises WeightBroadcastError on rank 0 once
+        every rank is done gathering."""
+        # The group is passed without keeping a reference here, so that on a failure dropping
+        # it really closes it (see broadcast_buckets).
+        failure = broadcast_buckets(
+            self.actor.model, meta.buckets, self._groups.get(meta.group_name), self.on_bucket,
+            on_failure=lambda: self._groups.destroy(meta.group_name),
+        )  # fmt: skip
+        world.barrier()
+        if failure is not None:  # rank 0 only
+            raise WeightBroadcastError(failure)
+
+
+def prune_weight_versions(weights_dir: str, keep: int, current: int) -> list[str]:
+    """Delete the `v<N>` folders under `weights_dir` but versions current-keep+1 .. current.
+
+    Called only once every server confirmed `current`: then no server is loading an older
+    folder (a server that rejoins is sent the newest), and folders above `current` are left
+    over from a crashed attempt that this run will write again. Returns the deleted paths.
+    """
+    deleted = []
+    for name in sorted(os.listdir(weights_dir)) if os.path.isdir(weights_dir) else []:
+        if not (name.startswith("v") and name[1:].isdigit()):
+            continue  # not ours
+        if current - keep < int(name[1:]) <= current:
+            continue
+        path = os.path.join(weights_dir, name)
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    return deleted

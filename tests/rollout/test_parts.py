@@ -1,0 +1,134 @@
+"""The rollout client's parts alone, on a fake transport: the HTTP shapes they send and what a
+transport error does to the rotation. No server and no engine object: each part is built from
+what it receives (transport, pool, gate, config, callbacks)."""
+
+import asyncio
+
+import pytest
+import torch
+
+from arealite.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.rollout.errors import TransientServerError, WeightUpdateError
+from arealite.rollout.gate import VersionGate
+from arealite.rollout.generation import SampleGenerator
+from arealite.rollout.health import HealthMonitor
+from arealite.rollout.remote_sglang import RemoteSGLangEngine
+from arealite.rollout.servers import ServerPool
+from arealite.rollout.weight_update import WeightUpdater
+from arealite.types import ModelRequest, WeightUpdateMeta
+from tests.rollout.fakes import FakeTransport
+
+A, B = "127.0.0.1:1", "127.0.0.1:2"
+
+
+def _parts(replies=None, **config):
+    config = InferenceEngineConfig(**config)
+    transport, pool, gate = FakeTransport(replies), ServerPool([A, B]), VersionGate()
+    health = HealthMonitor(transport, pool, gate, config, resync=None)
+    return transport, pool, gate, health, WeightUpdater(transport, pool, config, health), config
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("mode", ["abort", "in_place"])
+def test_disk_update_posts_one_body_per_server_in_rotation(mode):
+    transport, pool, _, _, weights, _ = _parts(pause_mode=mode)
+    pool.mark_down(B)
+    _run(weights.aupdate(WeightUpdateMeta(type="disk", path="/w/v3", version=3)))
+    calls = transport.to("/update_weights_from_disk")
+    assert [c.address for c in calls] == [A]
+    expected = {"model_path": "/w/v3", "weight_version": "3"}
+    expected.update({"abort_all_requests": True} if mode == "abort" else {"flush_cache": False})
+    assert calls[0].body == expected
+
+
+def test_distributed_update_sends_each_bucket_in_order_and_flushes_after_the_last():
+    transport, _, _, _, weights, _ = _parts()
+    buckets = [[("a", torch.float32, (2,))], [("b", torch.bfloat16, (3, 4))]]
+    meta = WeightUpdateMeta(type="distributed", version=5, group_name="g", buckets=buckets)
+    _run(weights.aupdate(meta))
+    calls = transport.to("/update_weights_from_distributed")
+    assert [(c.address, c.body["names"]) for c in calls] == [(A, ["a"]), (B, ["a"]), (A, ["b"]), (B, ["b"])]
+    assert [c.body["flush_cache"] for c in calls] == [False, False, True, True]
+    assert calls[-1].body["dtypes"] == ["bfloat16"] and calls[-1].body["shapes"] == [[3, 4]]
+    assert {c.body["group_name"] for c in calls} == {"g"}
+
+
+def test_a_server_that_dies_during_an_update_leaves_the_rotation():
+    """A transport error plus a failed liveness check: out of rotation, the update goes on."""
+    dead = TransientServerError("connection refused", B)
+    transport, pool, _, _, weights, _ = _parts(
+        {(B, "/update_weights_from_disk"): dead, (B, "/get_model_info"): dead}
+    )
+    _run(weights.aupdate(WeightUpdateMeta(type="disk", path="/w", version=1)))
+    assert pool.healthy == [A] and pool.failovers == 1
+
+
+def test_a_live_server_refusing_an_update_raises():
+    transport, pool, _, _, weights, _ = _parts({(B, "/update_weights_from_disk"): (400, {"error": "bad path"})})
+    with pytest.raises(WeightUpdateError, match="bad path"):
+        _run(weights.aupdate(WeightUpdateMeta(type="disk", path="/w", version=1)))
+    assert pool.healthy == [A, B]
+
+
+def test_confirm_versions_goes_through_the_transport():
+    transport, _, _, _, weights, _ = _parts(
+        {(A, "/get_model_info"): (200, {"weight_version": "4"}), (B, "/get_model_info"): (200, {"weight_version": "3"})}
+    )
+    with pytest.raises(WeightUpdateError, match=r"version 4.*'127.0.0.1:2': '3'"):
+        _run(weights.aconfirm(4))
+    assert sorted(c.address for c in transport.to("/get_model_info")) == [A, B]
+
+
+def test_init_group_bodies_give_each_server_its_rank():
+    transport, _, _, _, weights, _ = _parts()
+    meta = WeightUpdateMeta(type="distributed", master_address="10.0.0.1", master_port=1234, group_name="g")
+    _run(weights.ainit_group(meta))
+    bodies = {c.address: c.body for c in transport.to("/init_weights_update_group")}
+    assert {a: b["rank_offset"] for a, b in bodies.items()} == {A: 1, B: 2}
+    assert {b["world_size"] for b in bodies.values()} == {3}
+    assert bodies[A]["master_address"] == "10.0.0.1" and bodies[A]["master_port"] == 1234
+
+
+def test_generation_resubmits_after_an_abort_with_the_remaining_budget():
+    """An abort reply with 2 tokens: the next /generate carries them in its prompt and asks for 2 fewer."""
+    def reply(tokens, finish):
+        logprobs = [[-0.1, t, None] for t in tokens]
+        meta = {"finish_reason": {"type": finish}, "output_token_logprobs": logprobs}
+        return {"output_ids": tokens, "meta_info": meta}
+
+    replies = iter([reply([7, 8], "abort"), reply([9], "stop")])
+    config = InferenceEngineConfig()
+    transport = FakeTransport({"/generate": lambda call: (200, next(replies))})
+    pool, gate = ServerPool([A]), VersionGate()
+
+    async def main():
+        gate.open()
+        gen = SampleGenerator(transport, pool, gate, config, probe=None, on_progress=lambda: None)
+        gconfig = GenerationHyperparameters(max_new_tokens=5)
+        return await gen.agenerate(ModelRequest(input_ids=[1, 2, 3], gconfig=gconfig))
+
+    resp = _run(main())
+    first, second = (c.body for c in transport.to("/generate"))
+    assert first["input_ids"] == [1, 2, 3] and first["sampling_params"]["max_new_tokens"] == 5
+    assert second["input_ids"] == [1, 2, 3, 7, 8] and second["sampling_params"]["max_new_tokens"] == 3
+    assert resp.output_tokens == [7, 8, 9] and resp.n_interruptions == 1 and resp.stop_reason == "stop"
+
+
+@pytest.mark.parametrize("mode", ["abort", "retract"])
+def test_the_client_on_a_fake_transport_pauses_and_resumes_every_server(mode):
+    """The whole client runs on a fake transport (every /health answers 200): pause and resume
+    send their bodies to each server in rotation, and a server that cannot be reached leaves."""
+    transport = FakeTransport({(B, "/continue_generation"): TransientServerError("connection refused", B)})
+    config = InferenceEngineConfig(pause_mode=mode, setup_timeout=5, health_check_interval=60)
+    with RemoteSGLangEngine(config, [A, B], transport=transport) as engine:
+        engine.pause()
+        assert engine.paused
+        engine.resume()
+        assert not engine.paused and engine.pool.healthy == [A] and engine.stats["failovers"] == 1
+    pauses = [(c.address, c.body) for c in transport.to("/pause_generation")]
+    assert pauses == [(A, {"mode": mode}), (B, {"mode": mode})]
+    assert [c.address for c in transport.to("/continue_generation")] == [A, B]
+    assert {c.address for c in transport.to("/health")} == {A, B}
