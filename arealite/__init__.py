@@ -75,27 +75,27 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run __getattr__
     from arealite.config import GRPOConfig, load_config, save_config
+    from arealite.data.feed import DataFeed
     from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
-    from arealite.world import init_distributed
     from arealite.eval.evaluator import Evaluator
     from arealite.eval.task import held_out_records, reward_fn_for
     from arealite.interfaces import InferenceEngine, RolloutWorkflow, TrainEngine
+    from arealite.recover import EngineGroup, Recover
     from arealite.reward.pool import RewardPool
     from arealite.rollout.batch import trajectory_from_tokens
     from arealite.rollout.dynamic_sampling import DynamicSampler
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
     from arealite.server.process import launch_server_process
+    from arealite.stats.batch import batch_stats
+    from arealite.stats.logger import StatsLogger
+    from arealite.stats.timer import StepTimer
+    from arealite.stats.tracker import StatsTracker
     from arealite.train.actor import PPOActor
     from arealite.train.critic import PPOCritic
     from arealite.train.reference import ReferenceModel
     from arealite.types import ModelRequest, ModelResponse
-    from arealite.data.feed import DataFeed
-    from arealite.recover import EngineGroup, Recover
-    from arealite.stats.logger import StatsLogger
-    from arealite.stats.tracker import StatsTracker
-    from arealite.stats.timer import StepTimer
-    from arealite.stats.batch import batch_stats
     from arealite.weight_sync.sync import WeightSync
     from arealite.workflow.multi_turn import MultiTurnWorkflow
     from arealite.workflow.rlvr import RLVRWorkflow
     from arealite.workflow.tool_use import ToolUseWorkflow
+    from arealite.world import init_distributed

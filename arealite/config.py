@@ -174,7 +174,9 @@ class LoRAConfig:
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"actor.lora.dropout={self.dropout} must be in [0, 1)")
         if not self.target_modules:
-            raise ConfigError("actor.lora.target_modules is empty; name the linear layers to adapt, e.g. [q_proj, v_proj]")
+            raise ConfigError(
+                "actor.lora.target_modules is empty; name the linear layers to adapt, e.g. [q_proj, v_proj]"
+            )
 
 
 @dataclass
@@ -192,7 +194,9 @@ class TrainEngineConfig:
     def __post_init__(self) -> None:
         _check_choice("actor", "dtype", self.dtype, ("auto", "float32", "bfloat16"))
         if self.lora is not None and self.optimizer is None:
-            raise ConfigError("a frozen model (optimizer: null, e.g. ref) cannot have a LoRA adapter; set its lora to null")
+            raise ConfigError(
+                "a frozen model (optimizer: null, e.g. ref) cannot have a LoRA adapter; set its lora to null"
+            )
 
 
 GROUP_NORMS = ("mean_std", "mean", "rloo", "none")  # `algo.advantages.group_normalize`'s modes, plus none
@@ -421,6 +425,9 @@ class GRPOConfig:
     tokenizer_path: str = ""  # defaults to actor.path
     weight_update: str = "disk"  # disk | distributed | lora (only the actor's LoRA adapter, through /load_lora_adapter)
     weight_keep_versions: int = 3  # disk: weight versions kept under <run_dir>/weights (older ones are deleted)
+    dist_timeout: float = (
+        1800.0  # seconds a trainer collective (rendezvous, all-reduce, barrier) may wait for a peer rank
+    )
     reward_fn: str = ""  # "module:function" of a custom reward; empty: chosen by train_dataset.type
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)  # sampling, for rollouts and
     # the trainer
@@ -445,6 +452,7 @@ class GRPOConfig:
         self._check_lora()
         self._check_ppo_models()
         _check_positive("", "weight_keep_versions", self.weight_keep_versions)
+        _check_positive("", "dist_timeout", self.dist_timeout)
 
     def _check_ppo_models(self) -> None:
         """Fill what the actor, critic and reference model take from elsewhere; check they fit."""

@@ -72,7 +72,9 @@ class Recover:
         done = step + 1
         return done == total_steps or (self.config.freq_steps > 0 and done % self.config.freq_steps == 0)
 
-    def save(self, step: int, version: int, actor: Any, dataloader: Any, stats_logger: Any = None, extra: dict | None = None) -> str:
+    def save(
+        self, step: int, version: int, actor: Any, dataloader: Any, stats_logger: Any = None, extra: dict | None = None
+    ) -> str:
         """Write the checkpoint of finished `step`; collective. Returns its folder."""
         name = f"step_{step}"
         final, partial = os.path.join(self.root, name), os.path.join(self.root, name + ".partial")
@@ -100,7 +102,9 @@ class Recover:
 
     def _prune(self, keep: str) -> None:
         steps = sorted(
-            (int(d.split("_")[1]), d) for d in os.listdir(self.root) if d.startswith("step_") and not d.endswith(".partial")
+            (int(d.split("_")[1]), d)
+            for d in os.listdir(self.root)
+            if d.startswith("step_") and not d.endswith(".partial")
         )
         for _, d in steps[: max(0, len(steps) - self.config.keep_last)]:
             if d != keep:
@@ -269,7 +273,9 @@ class EngineGroup:
     def load_checkpoint(self, path: str) -> None:
         for name in self.others:
             if not os.path.isdir(f"{path}.{name}"):
-                raise RecoverError(f"checkpoint {os.path.dirname(path)} has no {name} state; it was written without a {name}")
+                raise RecoverError(
+                    f"checkpoint {os.path.dirname(path)} has no {name} state; it was written without a {name}"
+                )
         self.actor.load_checkpoint(path)
         for name, engine in self.others.items():
             engine.load_checkpoint(f"{path}.{name}")

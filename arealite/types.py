@@ -60,7 +60,8 @@ class WeightUpdateMeta:
     group_name: str = "arealite_weight_update"
     weight_chunk_mb: int = 256
     backend: str = "gloo"  # distributed: process-group backend the servers join with (gloo | nccl)
-    timeout: float = 45.0  # distributed: seconds the group may take to form and one collective may wait (rollout.weight_update_timeout)
+    # distributed: seconds the group may take to form and one collective may wait (rollout.weight_update_timeout)
+    timeout: float = 45.0
     # distributed: the trainer's broadcast buckets in order, each a list of (name, dtype, shape);
     # the client sends one /update_weights_from_distributed call per bucket
     buckets: list[list[tuple[str, str, list[int]]]] = field(default_factory=list)

@@ -22,7 +22,7 @@ import argparse
 import os
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -166,13 +166,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     cuda = torch.cuda.is_available() and triton_available()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"resources: {args.threads} torch CPU thread(s) of {os.cpu_count()}, load average {load:.2f}; "
-          f"device {torch.cuda.get_device_name() if cuda else 'none (CPU only)'}; torch {torch.__version__}")
+    print(
+        f"resources: {args.threads} torch CPU thread(s) of {os.cpu_count()}, load average {load:.2f}; "
+        f"device {torch.cuda.get_device_name() if cuda else 'none (CPU only)'}; torch {torch.__version__}"
+    )
     b = make_batch(args.seqs, args.tokens)
     padded = {k: b[k].view(args.seqs, args.tokens) for k in ("rewards", "values", "loss_mask")}
     packed = (b["rewards"], b["values"], b["loss_mask"], b["cu_seqlens"], args.gamma, args.lam)
-    print(f"batch: {args.seqs} sequences x {args.tokens} tokens, loss-masked fraction "
-          f"{b['loss_mask'].float().mean():.3f}, gamma={args.gamma} lam={args.lam}; {args.repeats} paired rounds")
+    print(
+        f"batch: {args.seqs} sequences x {args.tokens} tokens, loss-masked fraction "
+        f"{b['loss_mask'].float().mean():.3f}, gamma={args.gamma} lam={args.lam}; {args.repeats} paired rounds"
+    )
 
     want, _ = gae_loop(padded["rewards"], padded["values"], padded["loss_mask"], args.gamma, args.lam)
     check(gae_packed_torch(*packed)[0], want, args.tokens)
@@ -203,8 +207,10 @@ def main() -> None:
         on_device = device_only(lambda: gae_packed(*flat), max(args.calls // 4, 2))
         if on_device is not None:
             print(f"cuda triton      {on_device * 1e6:9.1f} us per call on the device alone (CUDA graph replay)")
-        print(f"floor: {moved / 1e6:.2f} MB moved at {bandwidth / 1e12:.2f} TB/s (device copy measured here) = "
-              f"{floor * 1e6:.2f} us")
+        print(
+            f"floor: {moved / 1e6:.2f} MB moved at {bandwidth / 1e12:.2f} TB/s (device copy measured here) = "
+            f"{floor * 1e6:.2f} us"
+        )
         lines.append(f"triton_vs_torch_gpu={median_ratio(gpu['torch_gpu'], gpu['triton']):.1f}")
         lines.append(f"triton_vs_floor={statistics.median(gpu['triton']) / floor:.2f}")
     print("\n".join(lines))

@@ -45,8 +45,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import grpo_step  # noqa: E402
-import harness  # noqa: E402
+import grpo_step
+import harness
 
 
 def report(name: str, runs: list[dict]) -> None:
@@ -73,9 +73,17 @@ def report(name: str, runs: list[dict]) -> None:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=24, help="async steps per run; divisible by every --sync-batches value")
-    p.add_argument("--repeats", type=int, default=5, help="paired repeats (every configuration once each, alternating order)")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="paired repeats (every configuration once each, alternating order)"
+    )
     p.add_argument("--offpolicyness", type=int, default=2, help="k of the asynchronous run")
-    p.add_argument("--sync-batches", type=int, nargs="+", default=None, help="batch multipliers of the sync runs (default: 1 .. k+1)")
+    p.add_argument(
+        "--sync-batches",
+        type=int,
+        nargs="+",
+        default=None,
+        help="batch multipliers of the sync runs (default: 1 .. k+1)",
+    )
     p.add_argument("--batch-size", type=int, default=4, help="prompts per async step (and per sync x1 step)")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -104,7 +112,9 @@ def main() -> None:
         mults = [1]
     bad = [m for m in mults if m < 1 or args.steps % m]
     if bad:
-        raise SystemExit(f"--steps {args.steps} must be divisible by every --sync-batches value; {bad} do not divide it")
+        raise SystemExit(
+            f"--steps {args.steps} must be divisible by every --sync-batches value; {bad} do not divide it"
+        )
     cpus = sorted(harness.cpu_set(args.cpus))
     if args.split and len(cpus) < 2:
         raise SystemExit("--split needs 2 CPUs; pass --no-split")
@@ -161,6 +171,7 @@ def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], configs: di
     print(f"best sync configuration (lowest median wall time): {best}")
     print(harness.load_line())
     print(f"async{k}_vs_best_sync={harness.quartiles([s / a for s, a in zip(walls[best], asyn)])[2]:.2f}")
+
 
 if __name__ == "__main__":
     main()

@@ -16,14 +16,15 @@ worker answers, so no work spills into another side's run.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 import time
 import urllib.request
-import json
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import harness
 
@@ -70,7 +71,14 @@ def setup(s: dict) -> dict:
     from arealite.server.process import launch_server_process
 
     requests = s["max_in_flight"] * s["group_size"]
-    extra = ["--torch-threads", str(s["server_threads"]), "--random-seed", str(s["seed"]), "--max-running-requests", str(requests)]
+    extra = [
+        "--torch-threads",
+        str(s["server_threads"]),
+        "--random-seed",
+        str(s["seed"]),
+        "--max-running-requests",
+        str(requests),
+    ]
     env = {"OMP_NUM_THREADS": str(s["server_threads"])}
     log = os.path.join(s["workdir"], "server.log")
 
@@ -88,16 +96,20 @@ def setup(s: dict) -> dict:
 
         from arealite.config import GenerationHyperparameters
         from arealite.data.arithmetic import arithmetic_reward_fn
-        from arealite.world import init_distributed
         from arealite.reward.pool import RewardPool
         from arealite.workflow import RLVRWorkflow
+        from arealite.world import init_distributed
 
         torch.set_num_threads(s["trainer_threads"])
         init_distributed()
         pool = RewardPool(max_workers=2)
         pool.score(arithmetic_reward_fn, "", "0", answer="0")  # start the reward workers before any clock
-        gconfig = GenerationHyperparameters(group_size=s["group_size"], max_new_tokens=s["max_new_tokens"], temperature=1.0)
-        workflow = RLVRWorkflow(arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(s["model"]), reward_pool=pool)
+        gconfig = GenerationHyperparameters(
+            group_size=s["group_size"], max_new_tokens=s["max_new_tokens"], temperature=1.0
+        )
+        workflow = RLVRWorkflow(
+            arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(s["model"]), reward_pool=pool
+        )
         server = server.result()
     return {"s": s, "server": server, "pool": pool, "workflow": workflow}
 
@@ -131,7 +143,9 @@ def run(state: dict, req: dict) -> dict:
         raise ValueError(f"k={k} x batch {batch_size} exceeds the server's max_in_flight={s['max_in_flight']} prompts")
     records = make_arithmetic_dataset(batch_size * (steps + k + 2), seed=s["seed"])
     loader = create_dataloader(records, batch_size, shuffle=False, seed=s["seed"])
-    config = InferenceEngineConfig(max_head_offpolicyness=k, max_concurrent_rollouts=(k + 1) * batch_size, pause_mode=s["pause_mode"])
+    config = InferenceEngineConfig(
+        max_head_offpolicyness=k, max_concurrent_rollouts=(k + 1) * batch_size, pause_mode=s["pause_mode"]
+    )
     rollout = RemoteSGLangEngine(config, [server.address])
     rollout.initialize()
     rollout.update_weights(WeightUpdateMeta(type="disk", path=s["model"], version=0)).result()  # the initial weights

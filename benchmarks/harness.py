@@ -73,13 +73,22 @@ def machine_line() -> str:
     except (OSError, StopIteration):
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"machine: {cpu}, {os.cpu_count()} CPUs, {gpu}, python {platform.python_version()}, torch {torch.__version__}"
+    return (
+        f"machine: {cpu}, {os.cpu_count()} CPUs, {gpu}, python {platform.python_version()}, torch {torch.__version__}"
+    )
 
 
 def commit_line() -> str:
     try:
-        out = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return f"commit: {out.stdout.strip() or 'unknown'}{' (with local changes)' if dirty.stdout.strip() else ''}"
     except (OSError, subprocess.SubprocessError):
         return "commit: unknown"
@@ -95,7 +104,9 @@ def cpu_set(spec: str | None) -> set[int]:
         cpus.update(range(int(lo), int(hi or lo) + 1))
     missing = cpus - os.sched_getaffinity(0)
     if missing:
-        raise SystemExit(f"--cpus {spec}: CPUs {sorted(missing)} are not available here (have {sorted(os.sched_getaffinity(0))})")
+        raise SystemExit(
+            f"--cpus {spec}: CPUs {sorted(missing)} are not available here (have {sorted(os.sched_getaffinity(0))})"
+        )
     return cpus
 
 
@@ -109,7 +120,9 @@ def process_tree(pid: int) -> list[str]:
         try:
             cmd = proc.cmdline()
             what = " ".join(os.path.basename(c) for c in cmd[:4]) if cmd else proc.name()
-            lines.append(f"pid {proc.pid} [{what[:70]}]: cpus {sorted(proc.cpu_affinity())}, {proc.num_threads()} OS threads")
+            lines.append(
+                f"pid {proc.pid} [{what[:70]}]: cpus {sorted(proc.cpu_affinity())}, {proc.num_threads()} OS threads"
+            )
         except psutil.Error:
             continue
     return lines
@@ -169,7 +182,9 @@ class SideProcess:
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait(timeout=30)
-            raise SystemExit(f"side {self.name} exited with code {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}")
+            raise SystemExit(
+                f"side {self.name} exited with code {self.proc.returncode}; log {self.log_path}:\n{self.log_tail()}"
+            )
         return json.loads(line)
 
     def run(self, **request: Any) -> dict:
@@ -213,7 +228,9 @@ def run_paired(plan: dict[str, tuple[SideProcess, dict]], repeats: int) -> dict[
     return runs
 
 
-def serve_runs(setup: Callable[[], Any], run: Callable[[Any, dict], dict], teardown: Callable[[Any], None] | None = None) -> None:
+def serve_runs(
+    setup: Callable[[], Any], run: Callable[[Any, dict], dict], teardown: Callable[[Any], None] | None = None
+) -> None:
     """Worker side of `SideProcess`: `state = setup()`, then `run(state, request)` per stdin line.
 
     The first line written is {"resources": [...]} describing this process tree once set up.

@@ -140,7 +140,9 @@ def main() -> None:
             from arealite.tools.tiny_model import build_tiny_model
 
             shape = {k: sizes[k] for k in ("layers", "hidden", "heads", "kv_heads", "intermediate")}
-            model_path = build_tiny_model(os.path.join(tmp, "model"), vocab_size=4096 if not args.smoke else 512, **shape)
+            model_path = build_tiny_model(
+                os.path.join(tmp, "model"), vocab_size=4096 if not args.smoke else 512, **shape
+            )
         results = {mode: run_mode(mode, args, model_path) for mode in ("full", "lora")}
     mib = 1 << 20
     print(f"model {model_path or 'built on the spot'}; rank {args.rank}; {args.seqs} x {args.seq_len} tokens; {args.steps} steps; "

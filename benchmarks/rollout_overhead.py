@@ -49,10 +49,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
+import harness
 
 STUB_HOLD_S = 2.0
 
@@ -126,15 +125,18 @@ def bench_workflow(group_size: int, max_new_tokens: int, temperature: float):
     import torch
 
     from arealite.config import GenerationHyperparameters
+    from arealite.interfaces import RolloutWorkflow
     from arealite.rollout.batch import trajectory_from_tokens
     from arealite.types import ModelRequest
-    from arealite.interfaces import RolloutWorkflow
 
     gconfig = GenerationHyperparameters(group_size=group_size, max_new_tokens=max_new_tokens, temperature=temperature)
 
     class BenchWorkflow(RolloutWorkflow):
         async def arun_episode(self, engine, data):
-            reqs = [ModelRequest(input_ids=data["input_ids"], gconfig=gconfig, group_id=data["id"]) for _ in range(group_size)]
+            reqs = [
+                ModelRequest(input_ids=data["input_ids"], gconfig=gconfig, group_id=data["id"])
+                for _ in range(group_size)
+            ]
             resps = await asyncio.gather(*(engine.agenerate(r) for r in reqs))
             traj = trajectory_from_tokens([r.input_tokens for r in resps], [r.output_tokens for r in resps],
                                           [r.output_logprobs for r in resps], [r.output_versions for r in resps])  # fmt: skip
@@ -189,7 +191,9 @@ def stub_peak_in_flight(address: str, episodes: int) -> int:
 # ---- 3: the real server ---------------------------------------------------------------------
 
 
-def server_overhead(address: str, server_pid: int, in_flight: int, pairs: int, max_new_tokens: int) -> dict[str, list[float]]:
+def server_overhead(
+    address: str, server_pid: int, in_flight: int, pairs: int, max_new_tokens: int
+) -> dict[str, list[float]]:
     """Per-run wall, client CPU and server CPU seconds of the raw and orchestrated sides, `pairs` each."""
     from arealite.rollout.loop import EventLoopThread
     from arealite.rollout.protocol import generate_body
@@ -292,7 +296,9 @@ def stub_measurements(args: argparse.Namespace, server_cpus: set[int], client_cp
     print(f"stub server (holds each request {STUB_HOLD_S:.0f} s): peak_in_flight={peak}")
 
 
-def real_server_measurement(args: argparse.Namespace, server_cpus: set[int], client_cpus: set[int]) -> dict[str, list[float]]:
+def real_server_measurement(
+    args: argparse.Namespace, server_cpus: set[int], client_cpus: set[int]
+) -> dict[str, list[float]]:
     """3 of the module docstring: raw vs orchestrated against a built-in server on its own CPU."""
     from arealite.server.process import launch_server_process
 
@@ -313,7 +319,9 @@ def real_server_measurement(args: argparse.Namespace, server_cpus: set[int], cli
 def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
     pct = [(o / r - 1) * 100 for r, o in zip(m["raw"], m["orchestrated"])]
     cpu_pct = [(o - r) / s * 100 for r, o, s in zip(m["raw_cpu"], m["orchestrated_cpu"], m["raw_server_cpu"])]
-    print(f"built-in server, {args.in_flight} requests in flight, {args.max_new_tokens} new tokens, {args.pairs} pairs:")
+    print(
+        f"built-in server, {args.in_flight} requests in flight, {args.max_new_tokens} new tokens, {args.pairs} pairs:"
+    )
     for name in ("raw", "orchestrated"):
         print(f"  {name:<12} wall s: {harness.spread(m[name], '.3f')}")
         print(f"  {name:<12} client CPU s: {harness.spread(m[name + '_cpu'], '.3f')}")

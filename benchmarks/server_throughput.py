@@ -39,7 +39,7 @@ import time
 from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
+import harness
 
 SEQUENTIAL_REQUESTS = 8
 
@@ -128,12 +128,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None, help="defaults to a fresh tiny Qwen2 (arealite.tools.tiny_model)")
     p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--requests", type=int, default=256, help="requests per run; many per client, so the steady state dominates")
+    p.add_argument(
+        "--requests", type=int, default=256, help="requests per run; many per client, so the steady state dominates"
+    )
     p.add_argument("--repeats", type=int, default=5, help="paired repeats (all sides, alternating order)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the generate worker")
-    p.add_argument("--engine-cpus", default=None, help="CPUs of the server and of the generate worker (default: CPU 0 of ours)")
+    p.add_argument(
+        "--engine-cpus", default=None, help="CPUs of the server and of the generate worker (default: CPU 0 of ours)"
+    )
     p.add_argument("--client-cpus", default=None, help="CPUs of the HTTP clients (default: our other CPUs)")
-    p.add_argument("--smoke", action="store_true", help="a few seconds: 4 short requests, 1 repeat (checks the script runs)")
+    p.add_argument(
+        "--smoke", action="store_true", help="a few seconds: 4 short requests, 1 repeat (checks the script runs)"
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -173,7 +179,14 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
           f"temperature 1.0, EOS stops; concurrency {args.concurrency}; {args.repeats} paired repeats")  # fmt: skip
     argv = [os.path.abspath(__file__), "--worker", "--model", model, "--threads", str(args.threads)]
     env = {"OMP_NUM_THREADS": str(args.threads), **harness.CPU_ONLY}
-    server_args = ["--torch-threads", str(args.threads), "--max-running-requests", str(max(args.concurrency, 1)), "--random-seed", "0"]
+    server_args = [
+        "--torch-threads",
+        str(args.threads),
+        "--max-running-requests",
+        str(max(args.concurrency, 1)),
+        "--random-seed",
+        "0",
+    ]
     with affinity(engine_cpus):  # the worker and the server inherit it, every thread included
         hf = harness.SideProcess("generate", argv, engine_cpus, os.path.join(tmp, "generate.log"), env)
         server = launch_server_process(model, extra_args=server_args, env=env, log_path=os.path.join(tmp, "server.log"))
@@ -185,7 +198,9 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
         loop = asyncio.new_event_loop()
 
         async def new_session() -> aiohttp.ClientSession:  # aiohttp wants a running loop
-            return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600), connector=aiohttp.TCPConnector(limit=0))
+            return aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=3600), connector=aiohttp.TCPConnector(limit=0)
+            )
 
         session = loop.run_until_complete(new_session())
         # warm up both sides (allocators, the session's connections) before any clock

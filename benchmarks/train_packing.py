@@ -31,18 +31,21 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
+import harness
 
-from arealite.algo.losses import token_mean  # noqa: E402
-from arealite.config import MicroBatchSpec, OptimizerConfig, TrainEngineConfig  # noqa: E402
-from arealite.train.engine import FSDPEngine, load_causal_lm  # noqa: E402
-from arealite.train.logprobs import packed_token_logprobs  # noqa: E402
+from arealite.algo.losses import token_mean
+from arealite.config import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
+from arealite.train.engine import FSDPEngine, load_causal_lm
+from arealite.train.logprobs import packed_token_logprobs
 
 
 def skewed_batch(seqs: int, short_len: int, long_len: int, n_long: int, vocab: int, seed: int = 0) -> dict:
     """Most rows short, `n_long` rows long: the shape of RL rollouts with a few long answers."""
     g = torch.Generator().manual_seed(seed)
-    lens = [long_len if i < n_long else int(torch.randint(short_len // 2, short_len + 1, (1,), generator=g)) for i in range(seqs)]
+    lens = [
+        long_len if i < n_long else int(torch.randint(short_len // 2, short_len + 1, (1,), generator=g))
+        for i in range(seqs)
+    ]
     T = max(lens)
     am = (torch.arange(T)[None] < torch.tensor(lens)[:, None]).long()
     ids = torch.randint(1, vocab, (seqs, T), generator=g) * am
@@ -66,7 +69,9 @@ def padded_step(engine: FSDPEngine, batch: dict) -> float:
     engine.model.train()
     engine.optimizer.zero_grad(set_to_none=True)
     ids = batch["input_ids"].to(engine.device)
-    logits = engine.model(input_ids=ids, attention_mask=batch["attention_mask"].to(engine.device), use_cache=False).logits
+    logits = engine.model(
+        input_ids=ids, attention_mask=batch["attention_mask"].to(engine.device), use_cache=False
+    ).logits
     scaled = logits[:, :-1].float()  # [B, T-1, V]; position t predicts token t + 1
     lp = scaled.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
     mask = batch["loss_mask"][:, 1:].to(lp.device).float()
@@ -95,10 +100,14 @@ def main() -> None:
     p.add_argument("--long-len", type=int, default=512)
     p.add_argument("--n-long", type=int, default=2)
     p.add_argument("--max-tokens-per-mb", type=int, default=2048)
-    p.add_argument("--repeats", type=int, default=7, help="paired repeats (one step per side each, after one warm-up step each)")
+    p.add_argument(
+        "--repeats", type=int, default=7, help="paired repeats (one step per side each, after one warm-up step each)"
+    )
     # 1 by default: on a shared machine extra OpenMP threads mostly spin, on both sides alike
     p.add_argument("--threads", type=int, default=1, help="torch threads of both sides")
-    p.add_argument("--smoke", action="store_true", help="a few seconds: a small batch, 1 repeat (checks the script runs)")
+    p.add_argument(
+        "--smoke", action="store_true", help="a few seconds: a small batch, 1 repeat (checks the script runs)"
+    )
     a = p.parse_args()
     if a.smoke:
         a.seqs, a.short_len, a.long_len, a.repeats = 4, 16, 64, 1
@@ -109,7 +118,9 @@ def main() -> None:
         if path is None:
             from arealite.tools.tiny_model import build_tiny_model
 
-            small = dict(layers=2, hidden=64, intermediate=128) if a.smoke else dict(layers=4, hidden=128, intermediate=256)
+            small = (
+                dict(layers=2, hidden=64, intermediate=128) if a.smoke else dict(layers=4, hidden=128, intermediate=256)
+            )
             path = build_tiny_model(os.path.join(tmp, "m"), **small)
         run(a, path, threads)
 
@@ -134,7 +145,9 @@ def run(a: argparse.Namespace, path: str, threads: int) -> None:
     print(f"batch: {B} sequences ({a.n_long} of {a.long_len} tokens, the rest {a.short_len // 2}-{a.short_len}), "
           f"{real} real tokens, padded to {B}x{T}={B * T} ({B * T / real:.2f}x); max_tokens_per_mb={a.max_tokens_per_mb}")  # fmt: skip
     first = {name: timed(steps[name], engines[name], batch) for name in steps}  # warm-up, untimed
-    print(f"warm-up step loss (same weights, same batch): packed {first['packed'][1]:.4f}, padded {first['padded'][1]:.4f}")
+    print(
+        f"warm-up step loss (same weights, same batch): packed {first['packed'][1]:.4f}, padded {first['padded'][1]:.4f}"
+    )
     times: dict[str, list[float]] = {"packed": [], "padded": []}
     print("repeat  side     s/step   tokens/s")
     for i in range(a.repeats):

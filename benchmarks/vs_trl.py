@@ -52,8 +52,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import grpo_step  # noqa: E402
-import harness  # noqa: E402
+import grpo_step
+import harness
 
 LR = 1e-3
 
@@ -116,7 +116,9 @@ def trl_run(state: dict, req: dict) -> dict:
     )  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(s["model"], dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(s["model"])
-    trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=config, train_dataset=data, processing_class=tokenizer)
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=trl_reward, args=config, train_dataset=data, processing_class=tokenizer
+    )
     trainer.add_callback(Timer())
     trainer.train()
     return {
@@ -141,7 +143,9 @@ def report(name: str, runs: list[dict], samples: int) -> None:
     if runs[0].get("phases"):
         phases = [ph for r in runs for ph in r["phases"]]
         rollout, train, sync = (statistics.mean(ph[i] for ph in phases) for i in range(3))
-        print(f"{name}: mean per step: waiting for rollouts {rollout:.3f} s, logp+update {train:.3f} s, weight sync {sync:.3f} s")
+        print(
+            f"{name}: mean per step: waiting for rollouts {rollout:.3f} s, logp+update {train:.3f} s, weight sync {sync:.3f} s"
+        )
         hist: dict[str, int] = {}
         for r in runs:
             for k, v in r["staleness"].items():
@@ -160,11 +164,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=4, help="samples per prompt")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--cpus", default=None, help="CPUs of every side, e.g. 0,1 (default: all of ours)")
-    p.add_argument("--offpolicyness", type=int, default=2, help="arealite's max_head_offpolicyness for the headline figure")
-    p.add_argument("--trl-threads", type=int, nargs="+", default=None, help="TRL thread counts to try (default: 1 and all CPUs)")
+    p.add_argument(
+        "--offpolicyness", type=int, default=2, help="arealite's max_head_offpolicyness for the headline figure"
+    )
+    p.add_argument(
+        "--trl-threads", type=int, nargs="+", default=None, help="TRL thread counts to try (default: 1 and all CPUs)"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--model-path", default=None, help="HF model folder (default: a tiny Qwen2 built on the spot)")
-    p.add_argument("--smoke", action="store_true", help="seconds: 2 prompts x 2 samples, 8 tokens, 2 steps, 1 repeat, no k=0 run")
+    p.add_argument(
+        "--smoke", action="store_true", help="seconds: 2 prompts x 2 samples, 8 tokens, 2 steps, 1 repeat, no k=0 run"
+    )
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -177,7 +187,9 @@ def main() -> None:
     if importlib.util.find_spec("trl") is None:  # not imported here: that takes seconds, the TRL worker does it
         raise SystemExit("TRL is not installed; install the benchmark extra: pip install -e '.[bench]'")
     if args.offpolicyness < 1:
-        raise SystemExit(f"--offpolicyness {args.offpolicyness}: the headline is asynchronous (k >= 1); k=0 always runs")
+        raise SystemExit(
+            f"--offpolicyness {args.offpolicyness}: the headline is asynchronous (k >= 1); k=0 always runs"
+        )
     if args.smoke:
         args.steps, args.repeats, args.batch_size, args.group_size, args.max_new_tokens = 2, 1, 2, 2, 8
     cpus = harness.cpu_set(args.cpus)
@@ -202,7 +214,10 @@ def main() -> None:
                 w.ready  # noqa: B018
             trl = calibrate_trl(workers, trl_threads, min(2, args.steps))
             plan = {trl: (workers[trl], dict(steps=args.steps))}
-            plan |= {f"arealite k={k}": (workers["arealite"], dict(steps=args.steps, k=k, batch_size=args.batch_size)) for k in ks}
+            plan |= {
+                f"arealite k={k}": (workers["arealite"], dict(steps=args.steps, k=k, batch_size=args.batch_size))
+                for k in ks
+            }
             runs = harness.run_paired(plan, args.repeats)
         finally:
             for w in workers.values():
@@ -210,7 +225,9 @@ def main() -> None:
     summarize(args, runs, trl, ks)
 
 
-def start_workers(args: argparse.Namespace, model: str, tmp: str, cpus: set[int], trl_threads: list[int], ks: list[int]):
+def start_workers(
+    args: argparse.Namespace, model: str, tmp: str, cpus: set[int], trl_threads: list[int], ks: list[int]
+):
     """One worker per TRL thread count and one arealite worker (its server and trainer serve every k)."""
     half = max(1, len(cpus) // 2)
     common = dict(batch_size=args.batch_size, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
@@ -261,6 +278,7 @@ def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], trl: str, k
     if 0 in ratios:
         print(f"arealite_sync_vs_trl_equal_cores={harness.quartiles(ratios[0])[2]:.2f}")
     print(f"arealite_vs_trl_equal_cores={harness.quartiles(ratios[args.offpolicyness])[2]:.2f}")
+
 
 if __name__ == "__main__":
     main()

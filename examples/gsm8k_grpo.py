@@ -25,16 +25,37 @@ from itertools import chain, repeat
 from transformers import AutoTokenizer
 
 from arealite import (
-    DataFeed, DynamicSampler, EngineGroup, Evaluator, GRPOConfig, PPOActor, PPOCritic, Recover, ReferenceModel,
-    RemoteSGLangEngine, RewardPool, RLVRWorkflow, StatsLogger, StatsTracker, StepTimer, WeightSync, batch_stats,
-    create_dataloader, filter_by_prompt_length, held_out_records, init_distributed, load_config, load_records,
-    reward_fn_for, save_config,
+    DataFeed,
+    DynamicSampler,
+    EngineGroup,
+    Evaluator,
+    GRPOConfig,
+    PPOActor,
+    PPOCritic,
+    Recover,
+    ReferenceModel,
+    RemoteSGLangEngine,
+    RewardPool,
+    RLVRWorkflow,
+    StatsLogger,
+    StatsTracker,
+    StepTimer,
+    WeightSync,
+    batch_stats,
+    create_dataloader,
+    filter_by_prompt_length,
+    held_out_records,
+    init_distributed,
+    load_config,
+    load_records,
+    reward_fn_for,
+    save_config,
 )  # fmt: skip
 
 
 def main(argv: list[str]) -> None:
     config = load_config(argv, GRPOConfig)
-    rank, world_size = init_distributed()
+    rank, world_size = init_distributed(timeout=config.dist_timeout)  # a lost rank fails, never hangs
     if rank == 0:
         save_config(config, os.path.join(config.run_dir, "config.yaml"))
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.actor.path)

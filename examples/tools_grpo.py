@@ -24,15 +24,29 @@ import torch
 from transformers import AutoTokenizer
 
 from arealite import (
-    GRPOConfig, PPOActor, RemoteSGLangEngine, RewardPool, StatsLogger, StatsTracker, StepTimer, ToolUseWorkflow,
-    WeightSync, batch_stats, create_dataloader, held_out_records, init_distributed, load_config, load_records,
-    reward_fn_for, save_config,
+    GRPOConfig,
+    PPOActor,
+    RemoteSGLangEngine,
+    RewardPool,
+    StatsLogger,
+    StatsTracker,
+    StepTimer,
+    ToolUseWorkflow,
+    WeightSync,
+    batch_stats,
+    create_dataloader,
+    held_out_records,
+    init_distributed,
+    load_config,
+    load_records,
+    reward_fn_for,
+    save_config,
 )  # fmt: skip
 from arealite.config import ConfigError
-from arealite.world import all_reduce
 from arealite.eval.evaluator import eval_gconfig
 from arealite.utils.imports import import_object
 from arealite.workflow.tools import DisabledTool
+from arealite.world import all_reduce
 
 
 def accuracy(rollout: RemoteSGLangEngine, workflow: ToolUseWorkflow, records: list[dict]) -> float:
@@ -50,14 +64,18 @@ def main(argv: list[str]) -> None:
     config = load_config(argv, GRPOConfig)
     if config.tool_use is None:
         raise ConfigError("tool_use is not set; add a tool_use: section (see configs/tiny_cpu_tools.yaml)")
-    rank, world_size = init_distributed()
+    rank, world_size = init_distributed(timeout=config.dist_timeout)  # a lost rank fails, never hangs
     if rank == 0:
         save_config(config, os.path.join(config.run_dir, "config.yaml"))
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or config.actor.path)
     records = load_records(config.train_dataset, split="train", seed=config.seed)
-    loader = create_dataloader(records, config.train_dataset.batch_size, rank, world_size, config.train_dataset.shuffle, config.seed)
+    loader = create_dataloader(
+        records, config.train_dataset.batch_size, rank, world_size, config.train_dataset.shuffle, config.seed
+    )
     seen = {question(r) for r in records}  # held out means unseen in training
-    held_out = [r for r in held_out_records(config, tokenizer) if question(r) not in seen][: config.evaluator.num_samples]
+    held_out = [r for r in held_out_records(config, tokenizer) if question(r) not in seen][
+        : config.evaluator.num_samples
+    ]
     if rank == 0:
         print(f"[eval] {len(held_out)} held-out records, none of their questions in the training set", flush=True)
     held_out = held_out[rank::world_size]
@@ -77,7 +95,9 @@ def main(argv: list[str]) -> None:
     ):
         workflow = ToolUseWorkflow(reward_fn, config.gconfig, tokenizer, tools, turns, reward_pool)
         with_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, tools, turns, reward_pool)
-        without_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, [DisabledTool(t) for t in tools], turns, reward_pool)
+        without_tool = ToolUseWorkflow(
+            reward_fn, eval_g, tokenizer, [DisabledTool(t) for t in tools], turns, reward_pool
+        )
         before = accuracy(rollout, with_tool, held_out)
         prompts, tracker, timer = iter(loader), StatsTracker(), StepTimer()
         for step in range(config.total_train_steps):
@@ -93,13 +113,18 @@ def main(argv: list[str]) -> None:
                 with timer("weight_sync"):
                     weight_sync.sync(step + 1)
             tracker.masked_mean("tool_calls", batch["num_tool_calls"].float())
-            stats_logger.commit(step, {**batch_stats(tracker, batch), **train_stats[-1], **timer.pop(), "version": step + 1})
+            stats_logger.commit(
+                step, {**batch_stats(tracker, batch), **train_stats[-1], **timer.pop(), "version": step + 1}
+            )
         after_with, after_without = accuracy(rollout, with_tool, held_out), accuracy(rollout, without_tool, held_out)
     plot = stats_logger.close(plot=config.stats_logger.plot)
     if rank == 0:
         if plot:
             print(f"plots: {plot}", flush=True)
-        print(f"accuracy_before={before:.4f} accuracy_with_tool={after_with:.4f} accuracy_without_tool={after_without:.4f}", flush=True)
+        print(
+            f"accuracy_before={before:.4f} accuracy_with_tool={after_with:.4f} accuracy_without_tool={after_without:.4f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

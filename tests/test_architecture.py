@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import pytest

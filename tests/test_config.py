@@ -133,9 +133,7 @@ def test_field_help_reads_trailing_comments_and_their_continuations():
         # and its continuation
         b: str = "#"  # a '#' in the default is not a comment
 
-        c: list[int] = dataclasses.field(
-            default_factory=list
-        )  # on the closing line
+        c: list[int] = dataclasses.field(default_factory=list)  # on the closing line
         d: float = 0.0
 
     assert field_help(Demo) == {

@@ -107,10 +107,15 @@ def test_nothing_points_outside_the_repository():
 def test_citation_parser_attributes_bare_sections_to_the_named_page(tmp_path):
     # The parser itself: a wrong attribution would let a dangling citation through.
     f = tmp_path / "m.py"
-    f.write_text('"""See docs/protocol.md §1.5 and §3.3-3.4."""\n'
-                 "# later: §6, and architecture.md §5\nx = 1  # §2\n")
-    assert citations(f) == [(1, "protocol", "1.5"), (1, "protocol", "3.3"), (1, "protocol", "3.4"),
-                            (2, "protocol", "6"), (2, "architecture", "5"), (3, "architecture", "2")]
+    f.write_text('"""See docs/protocol.md §1.5 and §3.3-3.4."""\n# later: §6, and architecture.md §5\nx = 1  # §2\n')
+    assert citations(f) == [
+        (1, "protocol", "1.5"),
+        (1, "protocol", "3.3"),
+        (1, "protocol", "3.4"),
+        (2, "protocol", "6"),
+        (2, "architecture", "5"),
+        (3, "architecture", "2"),
+    ]
     g = tmp_path / "n.py"
     g.write_text("# §4 without a page\n")
     assert citations(g) == [(1, None, "4")]

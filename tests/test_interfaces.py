@@ -10,11 +10,11 @@ import inspect
 
 import pytest
 
+from arealite.data.feed import TaggedWorkflow
 from arealite.interfaces import InferenceEngine, RolloutWorkflow, TrainEngine
 from arealite.rollout import RemoteSGLangEngine
 from arealite.train import PPOActor, PPOCritic, ReferenceModel
 from arealite.train.engine import FSDPEngine
-from arealite.data.feed import TaggedWorkflow
 from arealite.workflow import MultiTurnWorkflow, RLVRWorkflow, ToolUseWorkflow
 
 

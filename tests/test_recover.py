@@ -13,28 +13,39 @@ import torch
 from arealite.config import OptimizerConfig, RecoverConfig, TrainEngineConfig
 from arealite.data.arithmetic import make_arithmetic_dataset
 from arealite.data.loader import create_dataloader
-from arealite.train.engine import FSDPEngine
 from arealite.recover import Recover, RecoverError
 from arealite.stats.jsonl import read_stats
 from arealite.stats.logger import StatsLogger
+from arealite.train.engine import FSDPEngine
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _engine(path: str) -> FSDPEngine:
     opt = OptimizerConfig(lr=1e-2, lr_scheduler_type="linear", warmup_steps_proportion=0.2)
-    return FSDPEngine(TrainEngineConfig(path=path, dtype="float32", optimizer=opt), total_optimizer_steps=10).initialize()
+    return FSDPEngine(
+        TrainEngineConfig(path=path, dtype="float32", optimizer=opt), total_optimizer_steps=10
+    ).initialize()
 
 
 def _step(engine: FSDPEngine, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, 500, (2, 6), generator=g)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids, dtype=torch.bool), "loss_mask": torch.ones_like(ids)}
-    engine.train_batch(batch, lambda logits, mb: (logits.float().pow(2).mean(), {}), lambda mb: float(mb["loss_mask"].sum()))
+    batch = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids, dtype=torch.bool),
+        "loss_mask": torch.ones_like(ids),
+    }
+    engine.train_batch(
+        batch, lambda logits, mb: (logits.float().pow(2).mean(), {}), lambda mb: float(mb["loss_mask"].sum())
+    )
 
 
 def _params(engine: FSDPEngine) -> dict[str, torch.Tensor]:
-    return {k: v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone() for k, v in engine.model.state_dict().items()}
+    return {
+        k: v.full_tensor().clone() if hasattr(v, "full_tensor") else v.clone()
+        for k, v in engine.model.state_dict().items()
+    }
 
 
 def _ids(batch) -> list[str]:
@@ -141,7 +152,9 @@ def three_checkpoints(tmp_path_factory, tiny_model_dir):
 
 
 @pytest.mark.parametrize("how", ["truncate", "flip_bytes", "delete", "bad_meta"])
-def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(three_checkpoints, tmp_path, tiny_model_dir, how, caplog):
+def test_damaged_latest_checkpoint_falls_back_to_the_previous_one(
+    three_checkpoints, tmp_path, tiny_model_dir, how, caplog
+):
     import shutil
 
     source, saved = three_checkpoints
@@ -164,5 +177,8 @@ def test_every_checkpoint_damaged_is_an_error_naming_each(three_checkpoints, tmp
     shutil.copytree(source, tmp_path / "run")
     for step, how in zip(range(3), ["truncate", "delete", "flip_bytes"]):
         _damage(tmp_path / "run" / "checkpoints" / f"step_{step}", how)
-    with pytest.raises(RecoverError, match=r"every checkpoint .* is damaged \(step_2: .*SHA-256.*; step_1: rank0.pt is missing; step_0: .*truncated"):
+    with pytest.raises(
+        RecoverError,
+        match=r"every checkpoint .* is damaged \(step_2: .*SHA-256.*; step_1: rank0.pt is missing; step_0: .*truncated",
+    ):
         Recover(RecoverConfig(), str(tmp_path / "run")).load(None, None)

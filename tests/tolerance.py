@@ -39,8 +39,13 @@ def magnitude(t: torch.Tensor | float) -> float:
 
 
 def assert_close(
-    actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype = torch.float32, n: int = 1, k: float = 8.0,
-    scale: float | None = None, msg: str = "",
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    n: int = 1,
+    k: float = 8.0,
+    scale: float | None = None,
+    msg: str = "",
 ) -> None:
     """|actual - expected| <= tolerance(dtype, n, k) * scale everywhere (scale: max |expected|).
 
@@ -51,7 +56,9 @@ def assert_close(
     torch.testing.assert_close(actual.detach().to(expected.dtype), expected, rtol=0.0, atol=bound, msg=msg or None)
 
 
-def close(a: float, b: float, dtype: torch.dtype = torch.float32, n: int = 1, k: float = 8.0, scale: float | None = None) -> bool:
+def close(
+    a: float, b: float, dtype: torch.dtype = torch.float32, n: int = 1, k: float = 8.0, scale: float | None = None
+) -> bool:
     """Scalar form of `assert_close`: |a - b| <= tolerance(dtype, n, k) * max(|a|, |b|) (or `scale`)."""
     s = max(abs(a), abs(b), torch.finfo(torch.float32).tiny) if scale is None else scale
     return abs(a - b) <= tolerance(dtype, n, k) * s

@@ -60,14 +60,15 @@ def tool_engine(tool_model_dir, tmp_path_factory):
     """A built-in server on the tool-calling model and an initialized rollout client on it."""
     from arealite.config import InferenceEngineConfig
     from arealite.rollout import RemoteSGLangEngine
-
     from arealite.server.process import launch_server_process
 
     log = tmp_path_factory.mktemp("tool-server-logs") / "server.log"
     args = ["--torch-threads", "1", "--log-level", "warning", "--skip-server-warmup"]
     server = launch_server_process(tool_model_dir, extra_args=args, log_path=str(log))
     try:
-        with RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=60), [server.address]) as engine:
+        with RemoteSGLangEngine(
+            InferenceEngineConfig(setup_timeout=60, request_timeout=60), [server.address]
+        ) as engine:
             yield engine
     finally:
         server.stop()

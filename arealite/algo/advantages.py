@@ -87,24 +87,37 @@ def _float_dtype(*tensors: Tensor) -> torch.dtype:
 
 
 def _check_gae_inputs(
-    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
+    rewards: Tensor,
+    values: Tensor,
+    loss_mask: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float,
+    lam: float,
     check_cu_seqlens: bool = True,
 ) -> None:
     for name, t in (("rewards", rewards), ("values", values), ("loss_mask", loss_mask)):
         if t.dim() != 1:
-            raise ValueError(f"gae_packed: {name} must be packed 1-D [N], got shape {tuple(t.shape)}; "
-                             "flatten padded [B, T] tensors with cu_seqlens first")
+            raise ValueError(
+                f"gae_packed: {name} must be packed 1-D [N], got shape {tuple(t.shape)}; "
+                "flatten padded [B, T] tensors with cu_seqlens first"
+            )
     n = rewards.numel()
     if values.numel() != n or loss_mask.numel() != n:
-        raise ValueError(f"gae_packed: rewards, values, loss_mask must have the same length, got "
-                         f"{n}, {values.numel()}, {loss_mask.numel()}")
+        raise ValueError(
+            f"gae_packed: rewards, values, loss_mask must have the same length, got "
+            f"{n}, {values.numel()}, {loss_mask.numel()}"
+        )
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1 or cu_seqlens.is_floating_point():
-        raise ValueError(f"gae_packed: cu_seqlens must be an integer tensor [B+1], got dtype "
-                         f"{cu_seqlens.dtype} shape {tuple(cu_seqlens.shape)}")
+        raise ValueError(
+            f"gae_packed: cu_seqlens must be an integer tensor [B+1], got dtype "
+            f"{cu_seqlens.dtype} shape {tuple(cu_seqlens.shape)}"
+        )
     devices = {t.device for t in (rewards, values, loss_mask, cu_seqlens)}
     if len(devices) > 1:
-        raise ValueError(f"gae_packed: rewards, values, loss_mask, cu_seqlens are on different devices "
-                         f"{sorted(map(str, devices))}; move them to one device")
+        raise ValueError(
+            f"gae_packed: rewards, values, loss_mask, cu_seqlens are on different devices "
+            f"{sorted(map(str, devices))}; move them to one device"
+        )
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
         raise ValueError(f"gae_packed: gamma={gamma} and lam={lam} must both lie in [0, 1]")
     if check_cu_seqlens:
@@ -112,8 +125,10 @@ def _check_gae_inputs(
         if cu_seqlens.numel() > 1:
             bad = bad | (cu_seqlens[1:] < cu_seqlens[:-1]).any()
         if bool(bad):  # one host sync
-            raise ValueError(f"gae_packed: cu_seqlens must start at 0, be non-decreasing and end at "
-                             f"N={n}; got {cu_seqlens.tolist()[:8]}...{cu_seqlens[-1].item()}")
+            raise ValueError(
+                f"gae_packed: cu_seqlens must start at 0, be non-decreasing and end at "
+                f"N={n}; got {cu_seqlens.tolist()[:8]}...{cu_seqlens[-1].item()}"
+            )
 
 
 def _check_group_inputs(rewards: Tensor, group_size: int, mode: str) -> None:
@@ -124,11 +139,15 @@ def _check_group_inputs(rewards: Tensor, group_size: int, mode: str) -> None:
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_normalize: group_size={group_size!r} must be an int >= 1")
     if mode == "rloo" and group_size < 2:
-        raise ValueError("group_normalize: mode 'rloo' (leave-one-out) needs group_size >= 2, "
-                         f"got {group_size}; use mode 'mean' for single samples")
+        raise ValueError(
+            "group_normalize: mode 'rloo' (leave-one-out) needs group_size >= 2, "
+            f"got {group_size}; use mode 'mean' for single samples"
+        )
     if rewards.numel() % group_size != 0:
-        raise ValueError(f"group_normalize: batch size {rewards.numel()} is not a multiple of "
-                         f"group_size={group_size}; keep whole groups together (rows g*G..g*G+G-1)")
+        raise ValueError(
+            f"group_normalize: batch size {rewards.numel()} is not a multiple of "
+            f"group_size={group_size}; keep whole groups together (rows g*G..g*G+G-1)"
+        )
 
 
 def _check_same_shape(fn: str, x: Tensor, mask: Tensor) -> None:
@@ -138,8 +157,10 @@ def _check_same_shape(fn: str, x: Tensor, mask: Tensor) -> None:
 
 def _check_broadcast_inputs(seq_values: Tensor, loss_mask: Tensor) -> None:
     if seq_values.dim() != 1 or loss_mask.dim() != 2 or loss_mask.shape[0] != seq_values.numel():
-        raise ValueError(f"broadcast_to_tokens: expected seq_values [B] and loss_mask [B, T], got "
-                         f"{tuple(seq_values.shape)} and {tuple(loss_mask.shape)}")
+        raise ValueError(
+            f"broadcast_to_tokens: expected seq_values [B] and loss_mask [B, T], got "
+            f"{tuple(seq_values.shape)} and {tuple(loss_mask.shape)}"
+        )
 
 
 # ----------------------------------------------------------------------------- torch: GAE
@@ -218,7 +239,12 @@ def _discounted_suffix_sum(x: Tensor, ends: Tensor, decay: float) -> Tensor:
 
 
 def gae_packed_torch(
-    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
+    rewards: Tensor,
+    values: Tensor,
+    loss_mask: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float,
+    lam: float,
 ) -> tuple[Tensor, Tensor]:
     """Vectorized torch GAE over packed sequences; semantics in the module docstring."""
     _check_gae_inputs(rewards, values, loss_mask, cu_seqlens, gamma, lam)
@@ -243,8 +269,16 @@ def gae_packed_torch(
 
 
 def gae_packed_triton(
-    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
-    *, check_cu_seqlens: bool = True, rows: int | None = None, block: int | None = None,
+    rewards: Tensor,
+    values: Tensor,
+    loss_mask: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float,
+    lam: float,
+    *,
+    check_cu_seqlens: bool = True,
+    rows: int | None = None,
+    block: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Triton GAE over packed sequences (same semantics as `gae_packed_torch`).
 
@@ -260,7 +294,12 @@ def gae_packed_triton(
 
 
 def gae_packed(
-    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
+    rewards: Tensor,
+    values: Tensor,
+    loss_mask: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float,
+    lam: float,
 ) -> tuple[Tensor, Tensor]:
     """GAE over packed sequences with a loss-mask carry.
 

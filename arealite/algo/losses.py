@@ -19,8 +19,8 @@ Stats are detached scalar tensors; keys ending in `_max`/`_min` are extrema, the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

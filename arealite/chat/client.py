@@ -62,7 +62,11 @@ class ChatClient:
     """
 
     def __init__(
-        self, engine: InferenceEngine, tokenizer: Any, gconfig: GenerationHyperparameters | None = None, group_id: str | None = None
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        gconfig: GenerationHyperparameters | None = None,
+        group_id: str | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -127,7 +131,11 @@ class ChatClient:
             "created": int(time.time()),
             "model": model,
             "choices": choices,
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": out_tokens, "total_tokens": len(prompt_ids) + out_tokens},
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": out_tokens,
+                "total_tokens": len(prompt_ids) + out_tokens,
+            },
         }
         return chat_completion(payload)
 
@@ -173,7 +181,9 @@ class ChatClient:
             changes["frequency_penalty"] = float(frequency_penalty)
         return dataclasses.replace(self.gconfig, **changes)
 
-    def _prompt(self, msgs: list[dict[str, Any]], tools: list[dict] | None) -> tuple[list[int], CompletionRecord | None]:
+    def _prompt(
+        self, msgs: list[dict[str, Any]], tools: list[dict] | None
+    ) -> tuple[list[int], CompletionRecord | None]:
         """The prompt of `msgs`: the continuation of the latest earlier completion they extend, else rendered afresh."""
         for i in range(len(msgs) - 1, -1, -1):
             if msgs[i]["role"] != "assistant":
@@ -206,7 +216,11 @@ class ChatClient:
         self.stats["malformed_tool_calls"] += malformed
         self.stats["completions"] += 1
         wire_calls = [
-            {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
             for c in calls
         ]
         message = {"role": "assistant", "content": content or None, "refusal": None, "tool_calls": wire_calls or None}
@@ -225,7 +239,12 @@ class ChatClient:
         self.completions.append(record)
         self._replies[_key(tools, msgs + [record.message])] = record
         finish = "tool_calls" if calls else ("length" if resp.stop_reason == "length" else "stop")
-        return {"index": index, "finish_reason": finish, "message": message, "logprobs": self._logprobs(resp) if want_logprobs else None}
+        return {
+            "index": index,
+            "finish_reason": finish,
+            "message": message,
+            "logprobs": self._logprobs(resp) if want_logprobs else None,
+        }
 
     def _logprobs(self, resp: ModelResponse) -> dict[str, Any]:
         content = []

@@ -56,7 +56,9 @@ def _text(content: Any, role: str) -> str:
     for part in content:
         part = as_dict(part)
         if part.get("type") not in ("text", "input_text"):
-            raise ValueError(f"{role} message has a content part of type {part.get('type')!r}; only text parts are supported")
+            raise ValueError(
+                f"{role} message has a content part of type {part.get('type')!r}; only text parts are supported"
+            )
         parts.append(part["text"])
     return "".join(parts)
 
@@ -85,7 +87,12 @@ def template_message(message: Any) -> dict[str, Any]:
         for call in m["tool_calls"]:
             fn = as_dict(call)["function"]
             fn = as_dict(fn)
-            calls.append({"type": "function", "function": {"name": fn["name"], "arguments": _arguments(fn.get("arguments"), fn["name"])}})
+            calls.append(
+                {
+                    "type": "function",
+                    "function": {"name": fn["name"], "arguments": _arguments(fn.get("arguments"), fn["name"])},
+                }
+            )
         out["tool_calls"] = calls
     if role == "tool" and m.get("tool_call_id"):
         out["tool_call_id"] = m["tool_call_id"]

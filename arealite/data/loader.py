@@ -7,7 +7,7 @@ from typing import Any
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from arealite.config import DatasetConfig, ConfigError
+from arealite.config import ConfigError, DatasetConfig
 from arealite.data.arithmetic import make_arithmetic_dataset
 from arealite.data.math_datasets import DatasetError, load_generic, load_gsm8k, load_math500
 

@@ -32,7 +32,9 @@ def _present(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if v is not None}
 
 
-def _records_with(source: Any, split: str, subset: str | None, columns: tuple[str, ...], kind: str) -> list[dict[str, Any]]:
+def _records_with(
+    source: Any, split: str, subset: str | None, columns: tuple[str, ...], kind: str
+) -> list[dict[str, Any]]:
     """The records of `source`, checked to have `columns` (every record, not only the schema)."""
     records = [_present(r) for r in read_records(source, split, subset)]
     for i, r in enumerate(records):

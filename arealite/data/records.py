@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 # Suffix -> the `datasets` builder that reads it.
 FILE_BUILDERS = {
@@ -105,9 +106,7 @@ def _pick_split(splits, split: str, what: str):
         return splits[names[0]]
     if split in splits:
         return splits[split]
-    raise DatasetError(
-        f"{what} has splits {names} but no {split!r}; set dataset.split to one of them"
-    )
+    raise DatasetError(f"{what} has splits {names} but no {split!r}; set dataset.split to one of them")
 
 
 def _read_file(path: str):

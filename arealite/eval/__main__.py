@@ -66,7 +66,9 @@ def evaluate_model(config: GRPOConfig, model: str, version: int, n_servers: int 
         rollout.initialize()
         rollout.set_version(version)
         tokenizer = AutoTokenizer.from_pretrained(config.tokenizer_path or model)
-        evaluator = Evaluator(config.evaluator, config.gconfig, held_out_records(config, tokenizer), reward_fn_for(config), tokenizer)
+        evaluator = Evaluator(
+            config.evaluator, config.gconfig, held_out_records(config, tokenizer), reward_fn_for(config), tokenizer
+        )
         metrics = evaluator.evaluate(rollout)
     finally:
         rollout.destroy()

@@ -18,8 +18,8 @@ import torch
 
 from arealite import world
 from arealite.config import EvaluatorConfig, GenerationHyperparameters
-from arealite.interfaces import InferenceEngine
 from arealite.eval.metrics import extract_answer, prompt_metrics
+from arealite.interfaces import InferenceEngine
 from arealite.workflow import RLVRWorkflow
 
 
@@ -80,7 +80,9 @@ class Evaluator:
         world.all_reduce(totals, "sum")
         n = totals[-1].item()
         if n != self.n_prompts:
-            raise RuntimeError(f"evaluated {n:.0f} of {self.n_prompts} prompts: a reward failed for some (see the workflow stats)")
+            raise RuntimeError(
+                f"evaluated {n:.0f} of {self.n_prompts} prompts: a reward failed for some (see the workflow stats)"
+            )
         out = {f"eval/{name}": totals[i].item() / n for i, name in enumerate(names)}
         out.update({"eval/n_prompts": n, "eval/time_s": time.monotonic() - started})
         return out

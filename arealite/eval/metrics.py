@@ -42,7 +42,9 @@ def majority_correct(answers: Sequence[str], rewards: Sequence[float]) -> float:
     """Reward of the most common answer (its first sample's reward; all samples of one answer
     score alike under a deterministic reward)."""
     if len(answers) != len(rewards) or not answers:
-        raise ValueError(f"majority_correct needs equal, non-empty answers and rewards; got {len(answers)} and {len(rewards)}")
+        raise ValueError(
+            f"majority_correct needs equal, non-empty answers and rewards; got {len(answers)} and {len(rewards)}"
+        )
     top = Counter(answers).most_common()
     best = max(count for _, count in top)
     winner = next(a for a in answers if Counter(answers)[a] == best)

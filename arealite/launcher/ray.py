@@ -192,7 +192,9 @@ class RayRun:
         launcher = self.config.launcher
         gpus = launcher.gpus_per_server if backend == "sglang" else 0
         for i in range(launcher.n_servers):
-            actor = self._in_bundle(ServerActor, i, launcher.cpus_per_server, gpus).remote(self.config, i, backend, self.run_dir, host or None)
+            actor = self._in_bundle(ServerActor, i, launcher.cpus_per_server, gpus).remote(
+                self.config, i, backend, self.run_dir, host or None
+            )
             self.servers.append(actor)
         log(f"started {launcher.n_servers} {backend} server actor(s); waiting for /health")
         deadline = time.monotonic() + launcher.server_start_timeout + CALL_TIMEOUT
@@ -248,7 +250,9 @@ class RayRun:
                     raise LaunchError(failure)
                 if restarts > self.restarts[i]:
                     self.restarts[i] = restarts
-                    log(f"server-{i} died and was restarted on its address ({restarts} of {launcher.max_server_restarts})")
+                    log(
+                        f"server-{i} died and was restarted on its address ({restarts} of {launcher.max_server_restarts})"
+                    )
             time.sleep(POLL_INTERVAL)
 
     def run(self) -> int:

@@ -18,8 +18,8 @@ import sys
 import time
 
 from arealite.config import GRPOConfig, load_config
-from arealite.launcher.server_cmd import server_command
 from arealite.launcher.launch_args import exit_code
+from arealite.launcher.server_cmd import server_command
 from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import SupervisedServer, record_process
 from arealite.utils import net

@@ -35,7 +35,9 @@ def _run(cmd: list[str]) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except FileNotFoundError as e:
-        raise LaunchError(f"{cmd[0]} not found: install the Slurm client, or pass --dry-run to only write scripts") from e
+        raise LaunchError(
+            f"{cmd[0]} not found: install the Slurm client, or pass --dry-run to only write scripts"
+        ) from e
     if out.returncode != 0:
         raise LaunchError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
     return out.stdout

@@ -57,7 +57,9 @@ def _numbers_equal(a: str, b: str) -> bool | None:
     if not (_NUMBER.fullmatch(a) and _NUMBER.fullmatch(b)):
         return None
     try:
-        return abs(float(a.replace(",", "")) - float(b.replace(",", ""))) <= 1e-6 * max(1.0, abs(float(b.replace(",", ""))))
+        return abs(float(a.replace(",", "")) - float(b.replace(",", ""))) <= 1e-6 * max(
+            1.0, abs(float(b.replace(",", "")))
+        )
     except ValueError:
         return None
 

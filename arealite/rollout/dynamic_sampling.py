@@ -36,10 +36,9 @@ from collections.abc import Iterator
 from itertools import chain, repeat
 from typing import Any
 
-
+from arealite.data.feed import INDEX_KEY, DataFeed
 from arealite.interfaces import Batch, InferenceEngine, RolloutWorkflow
 from arealite.rollout.batch import concat_padded
-from arealite.data.feed import INDEX_KEY, DataFeed
 
 MAX_SAMPLED_BATCHES = 8  # a step samples at most this many batches' worth of prompts looking for signal
 ROUND_MARGIN = 1.25  # a round samples this much more than the acceptance rate says is missing

@@ -35,7 +35,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-
 from arealite.config import InferenceEngineConfig
 from arealite.interfaces import AcceptFn, Batch, InferenceEngine, RolloutWorkflow, Trajectory
 from arealite.rollout.batch import concat_padded
@@ -100,7 +99,9 @@ class WorkflowExecutor:
         self.batch_size: int | None = config.consumer_batch_size
         self._lock = threading.Condition()
         self._queued: deque[_Episode] = deque()  # submitted, waiting for capacity
-        self._ready: deque[tuple[_Episode, Trajectory, int | None]] = deque()  # accepted: (episode, trajectory, oldest version)
+        self._ready: deque[tuple[_Episode, Trajectory, int | None]] = (
+            deque()
+        )  # accepted: (episode, trajectory, oldest version)
         self._sync: deque[_Episode] = deque()  # rollout_batch episodes, waiting for concurrency
         self._tasks: dict[asyncio.Task, _Episode] = {}  # running episodes
         self.watchdog = Watchdog(config.stall_timeout)
@@ -288,13 +289,11 @@ class WorkflowExecutor:
         snapshot, idle = self.snapshot(), self.watchdog.idle(waiting_since)
         try:
             text = self._loop.run(self._diagnose(snapshot, idle), timeout=self.config.health_check_timeout + 5)
-        except Exception as e:  # noqa: BLE001 - the diagnostic must not hide the stall
+        except Exception as e:
             text = f"rollout made no progress for {idle:.0f}s (rollout.stall_timeout={self.config.stall_timeout}s); {snapshot} (server states unavailable: {e!r})"
         report_stall(verdict, text)
 
-    def prepare_batch(
-        self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
-    ) -> Batch:
+    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> Batch:
         """The next batch of `dataloader.batch_size` trajectories, generated asynchronously.
 
         Keeps the loader's iterator between calls (a new epoch starts when it runs out) and
@@ -358,7 +357,9 @@ class WorkflowExecutor:
         try:
             while True:
                 wake = min(self.watchdog.due(waiting_since), time.monotonic() + _POLL_S)
-                done, pending = await asyncio.wait(tickets, timeout=max(0.0, wake - time.monotonic()), return_when=asyncio.FIRST_EXCEPTION)
+                done, pending = await asyncio.wait(
+                    tickets, timeout=max(0.0, wake - time.monotonic()), return_when=asyncio.FIRST_EXCEPTION
+                )
                 if not pending or any(t.cancelled() or t.exception() is not None for t in done):
                     break
                 await self._acheck_stall(waiting_since, tickets)

@@ -228,7 +228,9 @@ class RemoteSGLangEngine:
         """
         return self._loop.submit(self.weights.aupdate(meta))
 
-    def init_weights_update_group(self, meta: WeightUpdateMeta, members: list[str] | None = None) -> concurrent.futures.Future:
+    def init_weights_update_group(
+        self, meta: WeightUpdateMeta, members: list[str] | None = None
+    ) -> concurrent.futures.Future:
         """Have server i of `members` (default: every server) join the trainer's process group
         as rank 1 + i (non-blocking)."""
         return self._loop.submit(self.weights.ainit_group(meta, members))
@@ -286,8 +288,6 @@ class RemoteSGLangEngine:
         """Run `workflow` on every item of `data` now and return their trajectories in order."""
         return self.executor.rollout_batch(data, workflow, should_accept)
 
-    def prepare_batch(
-        self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
-    ) -> Batch:
+    def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> Batch:
         """The next training batch, generated asynchronously within the staleness bound."""
         return self.executor.prepare_batch(dataloader, workflow, should_accept)

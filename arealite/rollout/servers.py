@@ -33,7 +33,7 @@ class ServerPool:
             )
         self.addresses = list(addresses)
         self._healthy = set(self.addresses)
-        self._outstanding = {a: 0 for a in self.addresses}
+        self._outstanding = dict.fromkeys(self.addresses, 0)
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._tiebreak = itertools.count()
         self._context_length: dict[str, int | None] = {}

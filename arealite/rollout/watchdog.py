@@ -105,7 +105,9 @@ async def _server_line(d: Diagnosis, address: str) -> str:
     try:
         status, info = await d.transport.request("GET", address, "/get_server_info", None, timeout)
         own = (info or {}).get("internal_states", [{}])[0] if status == 200 and isinstance(info, dict) else {}
-        reported = ", ".join(f"{k}={own[k]}" for k in ("paused", "num_running", "num_waiting", "weight_version") if k in own)
+        reported = ", ".join(
+            f"{k}={own[k]}" for k in ("paused", "num_running", "num_waiting", "weight_version") if k in own
+        )
         reported = f"reports {reported or f'HTTP {status}'}"
     except (TransientServerError, AttributeError, IndexError, TypeError) as e:
         reported = f"no answer to /get_server_info ({e})"

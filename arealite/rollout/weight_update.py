@@ -37,9 +37,9 @@ import asyncio
 import logging
 from typing import Any
 
+from arealite.config import InferenceEngineConfig
 from arealite.rollout import protocol
 from arealite.rollout.errors import TransientServerError, WeightUpdateError
-from arealite.config import InferenceEngineConfig
 from arealite.rollout.health import HealthMonitor
 from arealite.rollout.servers import ServerPool
 from arealite.rollout.transport import Transport
@@ -77,7 +77,9 @@ class WeightUpdater:
         self.awaiting: set[str] = set()  # back after a broadcast they missed; in the next group
         self._pending: set[asyncio.Future] = set()  # fire-and-forget destroy calls
 
-    async def _post(self, address: str, path: str, body: dict[str, Any], timeout: float | None = None, setting: str = "") -> None:
+    async def _post(
+        self, address: str, path: str, body: dict[str, Any], timeout: float | None = None, setting: str = ""
+    ) -> None:
         if timeout is None:
             timeout, setting = self._config.request_timeout, "rollout.request_timeout"
         try:
@@ -92,9 +94,7 @@ class WeightUpdater:
         that went down is taken out of rotation (it is re-synced when it rejoins), any other
         failure is raised. Fails if no server took the update."""
         post = post or self._post
-        results = await asyncio.gather(
-            *(post(a, path, b) for a, b in zip(addresses, bodies)), return_exceptions=True
-        )
+        results = await asyncio.gather(*(post(a, path, b) for a, b in zip(addresses, bodies)), return_exceptions=True)
         done = 0
         for address, result in zip(addresses, results):
             if isinstance(result, BaseException):
@@ -157,7 +157,9 @@ class WeightUpdater:
             await self._post_each(addresses, "/load_lora_adapter", [meta] * len(addresses), self._load_adapter)
             self._last_lora = meta
         else:
-            raise WeightUpdateError(f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk', 'distributed' or 'lora'")
+            raise WeightUpdateError(
+                f"WeightUpdateMeta.type={meta.type!r} is not supported; use 'disk', 'distributed' or 'lora'"
+            )
 
     async def _load_adapter(self, address: str, path: str, meta: WeightUpdateMeta) -> None:
         """Load `meta`'s adapter on one server, set its version, unload the one it replaces."""
@@ -170,11 +172,19 @@ class WeightUpdater:
             await self._post(address, "/unload_lora_adapter", {"lora_name": meta.lora_name})
             await self._post(address, path, body)
         # SGLang aborts every request on a version change unless told otherwise; none run while paused
-        await self._post(address, "/update_weight_version", {"new_version": str(meta.version), "abort_all_requests": False})
+        await self._post(
+            address, "/update_weight_version", {"new_version": str(meta.version), "abort_all_requests": False}
+        )
         old, self.adapters[address] = self.adapters.get(address), meta.lora_name
         if old is not None and old != meta.lora_name:
             try:  # best effort: an adapter left behind costs memory, not correctness
-                await self._post(address, "/unload_lora_adapter", {"lora_name": old}, self._config.control_timeout, "rollout.control_timeout")
+                await self._post(
+                    address,
+                    "/unload_lora_adapter",
+                    {"lora_name": old},
+                    self._config.control_timeout,
+                    "rollout.control_timeout",
+                )
             except WeightUpdateError as e:
                 logger.warning("could not unload the replaced LoRA adapter %s from %s: %s", old, address, e)
 
@@ -233,7 +243,10 @@ class WeightUpdater:
         self.group, self.members = meta, addresses  # also when a join fails: aleave_group then tells them all
         timeout = meta.timeout + _SERVER_GRACE_S
         results = await asyncio.gather(
-            *(self._post(a, "/init_weights_update_group", b, timeout, _DIST_SETTING) for a, b in zip(addresses, bodies)),
+            *(
+                self._post(a, "/init_weights_update_group", b, timeout, _DIST_SETTING)
+                for a, b in zip(addresses, bodies)
+            ),
             return_exceptions=True,
         )
         errors = [r for r in results if isinstance(r, BaseException)]
@@ -303,7 +316,9 @@ class WeightUpdater:
         seen = {a: v for a, v in zip(addresses, await asyncio.gather(*(ask(a) for a in addresses))) if v is not None}
         wrong = {a: v for a, v in seen.items() if v != str(version)}
         if wrong:
-            raise WeightUpdateError(f"after the weight sync to version {version}, servers report other versions: {wrong}")
+            raise WeightUpdateError(
+                f"after the weight sync to version {version}, servers report other versions: {wrong}"
+            )
         return seen
 
     async def aresync(self, address: str) -> bool:
@@ -315,11 +330,15 @@ class WeightUpdater:
         ):
             if address not in self.awaiting:
                 self.awaiting.add(address)
-                logger.info("server %s is back; it rejoins once the next weight sync has broadcast it the weights", address)
+                logger.info(
+                    "server %s is back; it rejoins once the next weight sync has broadcast it the weights", address
+                )
             return False
         if self._last_lora is not None:  # a run syncs one way only
             await self._load_adapter(address, "/load_lora_adapter", self._last_lora)
         elif self._last_disk is not None:  # the rejoiner was never paused: nothing of ours to keep
-            await self._post(address, "/update_weights_from_disk", self._disk_body(self._last_disk, keep_requests=False))
+            await self._post(
+                address, "/update_weights_from_disk", self._disk_body(self._last_disk, keep_requests=False)
+            )
         self.awaiting.discard(address)
         return True

@@ -51,7 +51,9 @@ async def not_found_middleware(request: web.Request, handler):
         return status_response(413, message)
 
 
-async def internal_generate(state: ServerState, input_ids: list[int], max_new_tokens: int, timeout: float) -> Req | None:
+async def internal_generate(
+    state: ServerState, input_ids: list[int], max_new_tokens: int, timeout: float
+) -> Req | None:
     """Greedy generation that bypasses the pause gate (health checks, warmup); None on timeout."""
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -72,7 +74,11 @@ async def internal_generate(state: ServerState, input_ids: list[int], max_new_to
 
 
 def _scheduler_ok(state: ServerState) -> bool:
-    return state.ready and state.scheduler.is_alive() and time.monotonic() - state.scheduler.last_beat < HEALTH_TIMEOUT_S * 3
+    return (
+        state.ready
+        and state.scheduler.is_alive()
+        and time.monotonic() - state.scheduler.last_beat < HEALTH_TIMEOUT_S * 3
+    )
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -120,7 +126,15 @@ async def handle_server_info(request: web.Request) -> web.Response:
         context_length=state.context_len,
         max_total_num_tokens=limits.max_total_tokens,
         max_req_input_len=state.context_len - 1,
-        internal_states=[{"weight_version": state.weight_version, "num_running": len(state.scheduler.running), "num_waiting": len(state.scheduler.waiting), "paused": state.gate.paused, "decode_steps": state.scheduler.decode_steps}],
+        internal_states=[
+            {
+                "weight_version": state.weight_version,
+                "num_running": len(state.scheduler.running),
+                "num_waiting": len(state.scheduler.waiting),
+                "paused": state.gate.paused,
+                "decode_steps": state.scheduler.decode_steps,
+            }
+        ],
         version=VERSION,
         startup_time=state.started_at,
         frontend="python",
@@ -131,14 +145,24 @@ async def handle_server_info(request: web.Request) -> web.Response:
 async def handle_v1_models(request: web.Request) -> web.Response:
     state: ServerState = request.app["state"]
     name = state.served_model_name
-    card = {"id": name, "object": "model", "created": int(state.started_at), "owned_by": "sglang", "root": name, "parent": None, "max_model_len": state.context_len}
+    card = {
+        "id": name,
+        "object": "model",
+        "created": int(state.started_at),
+        "owned_by": "sglang",
+        "root": name,
+        "parent": None,
+        "max_model_len": state.context_len,
+    }
     adapters = lora.model_cards(state.runner.lora, name, int(state.started_at), state.context_len)
     return json_response({"object": "list", "data": [card, *adapters]})
 
 
 def make_app(state: ServerState) -> web.Application:
     limits = state.limits
-    app = web.Application(middlewares=[not_found_middleware, api_key_middleware], client_max_size=limits.max_request_bytes)
+    app = web.Application(
+        middlewares=[not_found_middleware, api_key_middleware], client_max_size=limits.max_request_bytes
+    )
     app["state"] = state
     app["limits"] = limits
     app["weight_groups"] = {}

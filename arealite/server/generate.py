@@ -12,7 +12,14 @@ import asyncio
 
 from aiohttp import web
 
-from arealite.server.errors import RequestError, dumps, error_response, json_response, read_json_object, stream_error_chunk
+from arealite.server.errors import (
+    RequestError,
+    dumps,
+    error_response,
+    json_response,
+    read_json_object,
+    stream_error_chunk,
+)
 from arealite.server.output import build_result
 from arealite.server.protocol import GenerateCall, check_length, parse_generate
 from arealite.server.request import Req
@@ -38,12 +45,16 @@ def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
             raise RequestError("The text prompt encodes to zero tokens; send a non-empty prompt.")
         check_length(len(prompt), item.params.max_new_tokens, state.context_len)
         if item.logprob_start_len >= len(prompt):
-            raise RequestError(f"logprob_start_len ({item.logprob_start_len}) is higher than the number of input tokens ({len(prompt)}).")
+            raise RequestError(
+                f"logprob_start_len ({item.logprob_start_len}) is higher than the number of input tokens ({len(prompt)})."
+            )
         max_new = item.params.max_new_tokens
         if max_new is None:
             max_new = min(DEFAULT_MAX_NEW_TOKENS, state.context_len - len(prompt))
         if item.params.min_new_tokens > max_new:
-            raise RequestError(f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {item.params.min_new_tokens}.")
+            raise RequestError(
+                f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {item.params.min_new_tokens}."
+            )
         total += len(prompt) + max_new
         if total > cap:
             raise RequestError(
@@ -104,7 +115,10 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         status = reason["status_code"]
         body = {"object": "error", "message": reason["message"], "type": str(status), "param": None, "code": status}
         return json_response(body, status=status)
-    results = [build_result(r, len(r.output_ids), state.tokenizer, state.weight_version, call.return_text_in_logprobs, True) for r in reqs]
+    results = [
+        build_result(r, len(r.output_ids), state.tokenizer, state.weight_version, call.return_text_in_logprobs, True)
+        for r in reqs
+    ]
     return json_response(results if call.is_batch else results[0])
 
 
@@ -135,7 +149,9 @@ async def _wait_all(request: web.Request, state: ServerState, reqs: list[Req], e
 
 
 async def _stream(request: web.Request, state: ServerState, call: GenerateCall) -> web.StreamResponse:
-    response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    response = web.StreamResponse(
+        status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
     await response.prepare(request)
     try:
         reqs = make_reqs(state, call)
@@ -155,7 +171,9 @@ async def _stream(request: web.Request, state: ServerState, call: GenerateCall) 
             interval = reqs[i].params.stream_interval or state.args.stream_interval
             if not finished and n % max(interval, 1):
                 continue
-            chunk = build_result(reqs[i], n, state.tokenizer, state.weight_version, call.return_text_in_logprobs, finished)
+            chunk = build_result(
+                reqs[i], n, state.tokenizer, state.weight_version, call.return_text_in_logprobs, finished
+            )
             if call.is_batch:
                 chunk["index"] = i
             try:

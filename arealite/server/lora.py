@@ -22,9 +22,9 @@ import json
 import math
 import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from aiohttp import web
@@ -40,7 +40,9 @@ class Adapter:
     path: str
     rank: int
     scaling: float
-    weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # module -> (A [r, in], B [out, r])
+    weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict
+    )  # module -> (A [r, in], B [out, r])
 
 
 class AdapterSet:
@@ -99,7 +101,9 @@ class AdapterSet:
 
     def _read(self, name: str, path: str) -> Adapter:
         if not os.path.isdir(path):
-            raise ValueError(f"lora_path {path[:300]!r} is not an adapter directory on this server (the built-in server downloads nothing)")
+            raise ValueError(
+                f"lora_path {path[:300]!r} is not an adapter directory on this server (the built-in server downloads nothing)"
+            )
         try:
             with open(os.path.join(path, "adapter_config.json")) as f:
                 config = json.load(f)
@@ -109,8 +113,15 @@ class AdapterSet:
         except (OSError, ValueError) as e:
             raise ValueError(f"cannot read the peft adapter at {path!r}: {e}") from e
         rank, alpha = int(config.get("r", 0)), float(config.get("lora_alpha", 0))
-        if rank < 1 or config.get("use_dora") or config.get("modules_to_save") or config.get("peft_type", "LORA") != "LORA":
-            raise ValueError(f"the adapter at {path!r} is not a plain LoRA adapter (r >= 1, no DoRA, no modules_to_save)")
+        if (
+            rank < 1
+            or config.get("use_dora")
+            or config.get("modules_to_save")
+            or config.get("peft_type", "LORA") != "LORA"
+        ):
+            raise ValueError(
+                f"the adapter at {path!r} is not a plain LoRA adapter (r >= 1, no DoRA, no modules_to_save)"
+            )
         if self.max_rank is not None and rank > self.max_rank:
             raise ValueError(f"LoRA adapter {name} with rank {rank} exceeds --max-lora-rank {self.max_rank}")
         scaling = alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
@@ -134,13 +145,19 @@ class AdapterSet:
         except AttributeError:
             layer = None
         if not isinstance(layer, torch.nn.Linear):
-            raise ValueError(f"the adapter at {path!r} adapts {module!r}, which is not a linear layer of the served model")
+            raise ValueError(
+                f"the adapter at {path!r} adapts {module!r}, which is not a linear layer of the served model"
+            )
         if self.target_modules is not None and module.rsplit(".", 1)[-1] not in self.target_modules:
-            raise ValueError(f"the adapter at {path!r} adapts {module!r}, outside --lora-target-modules {sorted(self.target_modules)}")
+            raise ValueError(
+                f"the adapter at {path!r} adapts {module!r}, outside --lora-target-modules {sorted(self.target_modules)}"
+            )
         want_a, want_b = [rank, layer.in_features], [layer.out_features, rank]
         if b is None or list(a.shape) != want_a or list(b.shape) != want_b:
             got = (list(a.shape), None if b is None else list(b.shape))
-            raise ValueError(f"the adapter at {path!r} has lora_A/lora_B of shapes {got} for {module!r}; expected {want_a} and {want_b}")
+            raise ValueError(
+                f"the adapter at {path!r} has lora_A/lora_B of shapes {got} for {module!r}; expected {want_a} and {want_b}"
+            )
         return a.to(param.device, param.dtype), b.to(param.device, param.dtype)
 
     # ---- applying -----------------------------------------------------------------------
@@ -156,7 +173,9 @@ class AdapterSet:
             )
         adapter = self.adapters.get(name)
         if adapter is None:
-            raise RequestError(f"The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: {sorted(self.adapters)}.")
+            raise RequestError(
+                f"The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: {sorted(self.adapters)}."
+            )
         return adapter
 
     @contextmanager
@@ -198,7 +217,9 @@ def lora_paths(body: dict, size: int) -> list[str | None]:
         raise RequestError(f"lora_path has {len(values)} entries but the batch has {size} prompts.")
     for v in values:
         if v is not None and not isinstance(v, str):
-            raise RequestError(f"lora_path must be an adapter name (a string), a list of them, or null; got {str(v)[:80]}.")
+            raise RequestError(
+                f"lora_path must be an adapter name (a string), a list of them, or null; got {str(v)[:80]}."
+            )
     return [v or None for v in values]
 
 
@@ -220,7 +241,9 @@ async def handle_load(request: web.Request, body: dict) -> web.Response:
     adapters: AdapterSet = state.runner.lora
     name, path = _name(body), body.get("lora_path")
     if not isinstance(path, str) or not path:
-        raise BadBody(f"1 validation error: lora_path must be a non-empty string (an adapter directory), got {str(path)[:80]}")
+        raise BadBody(
+            f"1 validation error: lora_path must be a non-empty string (an adapter directory), got {str(path)[:80]}"
+        )
     try:
         await state.run_blocking(adapters.load, name, path)
     except ValueError as e:
@@ -242,6 +265,14 @@ async def handle_unload(request: web.Request, body: dict) -> web.Response:
 def model_cards(adapters: AdapterSet, parent: str, created: int, context_len: int) -> list[dict]:
     """`/v1/models` entries of the loaded adapters (SGLang: id = name, root = path, parent = base)."""
     return [
-        {"id": name, "object": "model", "created": created, "owned_by": "sglang", "root": path, "parent": parent, "max_model_len": context_len}
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "sglang",
+            "root": path,
+            "parent": parent,
+            "max_model_len": context_len,
+        }
         for name, path in adapters.loaded().items()
     ]

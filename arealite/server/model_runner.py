@@ -122,7 +122,9 @@ class ModelRunner:
         self.lora = AdapterSet(self.model, self.lock)  # disabled until the CLI enables it (--enable-lora)
 
     @torch.inference_mode()
-    def prefill(self, prompts: list[list[int]], all_logits: bool = False, adapters: list | None = None) -> tuple[torch.Tensor, KVBatch]:
+    def prefill(
+        self, prompts: list[list[int]], all_logits: bool = False, adapters: list | None = None
+    ) -> tuple[torch.Tensor, KVBatch]:
         """Run left-padded prompts; returns fp32 logits ([n, V] last position, or [n, L, V]) and their cache.
         `adapters[i]`: the LoRA adapter of prompt i (None: the base model)."""
         length = max(len(p) for p in prompts)

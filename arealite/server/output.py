@@ -29,7 +29,9 @@ def output_text(req: Req, n: int, tokenizer) -> str:
 
 
 def _triples(values, ids, tokenizer, with_text: bool) -> list:
-    return [[lp, tid, tokenizer.decode([tid]) if with_text and tid is not None else None] for lp, tid in zip(values, ids)]
+    return [
+        [lp, tid, tokenizer.decode([tid]) if with_text and tid is not None else None] for lp, tid in zip(values, ids)
+    ]
 
 
 def build_result(req: Req, n: int, tokenizer, weight_version: str, with_text: bool, finished: bool) -> dict:
@@ -56,7 +58,8 @@ def build_result(req: Req, n: int, tokenizer, weight_version: str, with_text: bo
         meta["input_token_logprobs"] = _triples(req.input_logprobs, input_ids, tokenizer, with_text)
         if req.top_logprobs_num > 0:
             meta["output_top_logprobs"] = [
-                [[lp, tid, tokenizer.decode([tid]) if with_text else None] for lp, tid in pos] for pos in req.output_top[:n]
+                [[lp, tid, tokenizer.decode([tid]) if with_text else None] for lp, tid in pos]
+                for pos in req.output_top[:n]
             ]
             meta["input_top_logprobs"] = []
     return {"text": output_text(req, n, tokenizer), "output_ids": list(ids), "meta_info": meta}

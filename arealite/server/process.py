@@ -47,10 +47,17 @@ class ServerProcess:
     def url(self) -> str:
         return f"http://{self.address}"
 
-    def request(self, method: str, path: str, body=None, headers: Mapping[str, str] | None = None, timeout: float = 60.0):
+    def request(
+        self, method: str, path: str, body=None, headers: Mapping[str, str] | None = None, timeout: float = 60.0
+    ):
         """Plain blocking HTTP call; returns (status, parsed JSON, or text when not JSON)."""
         data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 status, raw = r.status, r.read()
@@ -124,12 +131,27 @@ def launch_server_process(
     if log_path is None:
         fd, log_path = tempfile.mkstemp(prefix=f"arealite_server_{port}_", suffix=".log")
         os.close(fd)
-    full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    full_env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     # Run the same checkout as the caller, whatever the cwd and whether or not it is installed.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     full_env.update(env or {})
-    cmd = [sys.executable, "-m", "arealite.server", "--model-path", model_path, "--host", host, "--port", str(port), *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "arealite.server",
+        "--model-path",
+        model_path,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *extra_args,
+    ]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     server = ServerProcess(proc, host, port, log_path)
@@ -138,7 +160,9 @@ def launch_server_process(
     try:
         while time.monotonic() < deadline:
             if not server.is_alive():
-                raise ServerStartError(f"server exited with code {proc.returncode}; log {log_path}:\n{server.log_tail()}")
+                raise ServerStartError(
+                    f"server exited with code {proc.returncode}; log {log_path}:\n{server.log_tail()}"
+                )
             if probe(server.address, timeout=2.0):
                 return server
             time.sleep(0.2)

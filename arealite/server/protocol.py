@@ -100,7 +100,9 @@ def parse_sampling_params(raw, where: str = "sampling_params") -> SamplingParams
         elif key in _BOOL_KEYS:
             values[key] = _expect(value, "a boolean", at)
         elif key == "stop":
-            values[key] = [value] if isinstance(value, str) else [_expect(v, "a string", at) for v in _as_list(value, at)]
+            values[key] = (
+                [value] if isinstance(value, str) else [_expect(v, "a string", at) for v in _as_list(value, at)]
+            )
         elif key == "stop_token_ids":
             values[key] = [_expect(v, "i64", at) for v in _as_list(value, at)]
         elif key in ("logit_bias", "custom_params"):
@@ -207,11 +209,19 @@ def parse_generate(body: dict, vocab_size: int, limits: RequestLimits | None = N
         )
     return_logprob = _per_item(body, "return_logprob", False, "a boolean", size, n)
     top_num = _per_item(body, "top_logprobs_num", 0, "i64", size, n)
-    _check_range("top_logprobs_num", top_num, 0, min(vocab_size, limits.max_top_logprobs_num), " (the server's --max-top-logprobs-num)")
+    _check_range(
+        "top_logprobs_num",
+        top_num,
+        0,
+        min(vocab_size, limits.max_top_logprobs_num),
+        " (the server's --max-top-logprobs-num)",
+    )
     start_len = _per_item(body, "logprob_start_len", -1, "i64", size, n)
     for value in start_len:
         if value < -1:
-            raise RequestError(f"logprob_start_len must be -1 (output logprobs only) or a prompt position >= 0, got {value}.")
+            raise RequestError(
+                f"logprob_start_len must be -1 (output logprobs only) or a prompt position >= 0, got {value}."
+            )
     stream = _expect(body.get("stream", False), "a boolean", "stream")
     text_in_lp = _expect(body.get("return_text_in_logprobs", False), "a boolean", "return_text_in_logprobs")
     rids = _rids(body, size, is_batch)
@@ -245,7 +255,9 @@ def parse_generate(body: dict, vocab_size: int, limits: RequestLimits | None = N
 def check_length(prompt_len: int, max_new_tokens: int | None, context_len: int) -> None:
     """SGLang 0.5.23's context checks (§1.5): errors, never silent truncation."""
     if prompt_len >= context_len:
-        raise RequestError(f"The input ({prompt_len} tokens) is longer than the model's context length ({context_len} tokens).")
+        raise RequestError(
+            f"The input ({prompt_len} tokens) is longer than the model's context length ({context_len} tokens)."
+        )
     if max_new_tokens is not None and prompt_len + max_new_tokens > context_len:
         raise RequestError(
             f"Requested token count exceeds the model's maximum context length of {context_len} tokens. "

@@ -61,13 +61,20 @@ class SamplingParams:
 
     def verify(self, vocab_size: int) -> None:
         """Raise ValueError with SGLang's wording for an out-of-range value."""
-        _check(math.isfinite(self.temperature) and self.temperature >= 0, f"temperature must be non-negative, got {self.temperature}.")
+        _check(
+            math.isfinite(self.temperature) and self.temperature >= 0,
+            f"temperature must be non-negative, got {self.temperature}.",
+        )
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}.")
         _check(0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}.")
         _check(self.top_k == -1 or self.top_k >= 1, f"top_k must be -1 (disable), or at least 1, got {self.top_k}.")
-        _check(-2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        _check(
+            -2 <= self.frequency_penalty <= 2, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}."
+        )
         _check(-2 <= self.presence_penalty <= 2, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
-        _check(0 < self.repetition_penalty <= 2, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+        _check(
+            0 < self.repetition_penalty <= 2, f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}."
+        )
         if self.max_new_tokens is not None:
             _check(self.max_new_tokens >= 0, f"max_new_tokens must be at least 0, got {self.max_new_tokens}.")
             _check(
@@ -76,13 +83,22 @@ class SamplingParams:
             )
         _check(self.min_new_tokens >= 0, f"min_new_tokens must be at least 0, got {self.min_new_tokens}.")
         _check(self.n >= 1, f"n must be at least 1, got {self.n}.")
-        _check(len(self.stop) <= MAX_STOP_STRINGS, f"stop must have at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}.")
+        _check(
+            len(self.stop) <= MAX_STOP_STRINGS,
+            f"stop must have at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}.",
+        )
         _check(all(s for s in self.stop), "stop strings must be non-empty.")
         for t in self.stop_token_ids:
             _check(0 <= t < vocab_size, f"stop_token_ids entry {t} is outside the vocabulary [0, {vocab_size}).")
         for k, bias in (self.logit_bias or {}).items():
-            _check(k.isascii() and k.isdigit() and len(k) <= 12 and int(k) < vocab_size, f"logit_bias key {k[:40]!r} is not a token id in [0, {vocab_size}).")
-            _check(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias} for token {k}.")
+            _check(
+                k.isascii() and k.isdigit() and len(k) <= 12 and int(k) < vocab_size,
+                f"logit_bias key {k[:40]!r} is not a token id in [0, {vocab_size}).",
+            )
+            _check(
+                -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+                f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias} for token {k}.",
+            )
         if self.stream_interval is not None:
             _check(self.stream_interval >= 1, f"stream_interval must be at least 1, got {self.stream_interval}.")
         for name in ("stop_regex", "json_schema", "regex", "ebnf", "structural_tag"):
@@ -107,7 +123,9 @@ class SampleOutput:
     top_logprobs: torch.Tensor | None  # [B, K] fp32
 
 
-def apply_penalties(logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, params: list[SamplingParams]) -> None:
+def apply_penalties(
+    logits: torch.Tensor, counts: torch.Tensor, seen: torch.Tensor, params: list[SamplingParams]
+) -> None:
     """In place: OpenAI frequency/presence penalties on output-token counts [B, V], and the
     CTRL repetition penalty on tokens `seen` [B, V] (prompt + output), as SGLang's penalizers."""
     freq = logits.new_tensor([p.frequency_penalty for p in params])[:, None]

@@ -108,7 +108,12 @@ class Scheduler:
                         self._decode_step()
             except Exception as e:  # a failed step must not leave clients hanging forever
                 logger.exception("scheduler step failed; aborting the running batch")
-                reason = {"type": "abort", "message": f"Internal error in the model step: {e}", "status_code": 500, "err_type": "InternalServerError"}
+                reason = {
+                    "type": "abort",
+                    "message": f"Internal error in the model step: {e}",
+                    "status_code": 500,
+                    "err_type": "InternalServerError",
+                }
                 for req in self.running + self._admitting:
                     if req.finish_reason is None:
                         req.finish(reason)
@@ -201,7 +206,9 @@ class Scheduler:
         if not batch:
             return
         want_input = [r for r in batch if r.logprob_start_len >= 0 and not r.started]
-        logits, kv = self.runner.prefill([r.tokens for r in batch], all_logits=bool(want_input), adapters=[r.lora for r in batch])
+        logits, kv = self.runner.prefill(
+            [r.tokens for r in batch], all_logits=bool(want_input), adapters=[r.lora for r in batch]
+        )
         if want_input:
             self._input_logprobs(batch, logits)
             logits = logits[:, -1]
@@ -252,7 +259,11 @@ class Scheduler:
                 if req.counts is None:
                     dev = logits.device
                     req.counts = torch.zeros(vocab, device=dev)
-                    req.counts.index_add_(0, torch.tensor(req.output_ids, dtype=torch.long, device=dev), torch.ones(len(req.output_ids), device=dev))
+                    req.counts.index_add_(
+                        0,
+                        torch.tensor(req.output_ids, dtype=torch.long, device=dev),
+                        torch.ones(len(req.output_ids), device=dev),
+                    )
                     req.seen = torch.zeros(vocab, dtype=torch.bool, device=dev)
                     req.seen[torch.tensor(req.tokens, dtype=torch.long, device=dev)] = True
                 apply_penalties(logits[i : i + 1], req.counts[None], req.seen[None], [p])

@@ -67,7 +67,9 @@ def _tied_aliases(model: torch.nn.Module) -> set[str]:
 def load_from_disk(state: ServerState, model_path: str) -> None:
     """Read a checkpoint and copy it in; on any failure the served weights stay untouched."""
     if not os.path.isdir(model_path):  # never a hub id: a disk update must not start a download
-        raise RuntimeError(f"Failed to get weights iterator: {model_path[:300]!r} is not a checkpoint directory on this server")
+        raise RuntimeError(
+            f"Failed to get weights iterator: {model_path[:300]!r} is not a checkpoint directory on this server"
+        )
     try:
         new = _read_checkpoint(model_path)
     except Exception as e:
@@ -76,7 +78,9 @@ def load_from_disk(state: ServerState, model_path: str) -> None:
     optional = _tied_aliases(state.runner.model)
     if not set(new) <= set(old) or set(old) - set(new) - optional:
         differ = sorted((set(new) ^ set(old)) - optional)[:5]
-        raise RuntimeError(f"Failed to update weights: parameter names differ from the served model ({differ}).\nRolling back to original weights.")
+        raise RuntimeError(
+            f"Failed to update weights: parameter names differ from the served model ({differ}).\nRolling back to original weights."
+        )
     try:
         copy_into(state, new)
     except ValueError as e:
@@ -182,12 +186,15 @@ async def _join_group(backend: str, address: str, port: int, rank: int, world_si
     def run() -> None:
         try:
             outcome = (init_custom_process_group(backend, address, port, rank, world_size, name, timeout), None)
-        except Exception as e:  # noqa: BLE001 - handed to the request
+        except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__  # torch appends C++ frames
-            outcome = (None, RuntimeError(
-                f"{first} (master {address}:{port}, rank {rank} of {world_size}, timeout {timeout:g}s: the request's "
-                "`timeout`, else the server's --dist-timeout)"
-            ))
+            outcome = (
+                None,
+                RuntimeError(
+                    f"{first} (master {address}:{port}, rank {rank} of {world_size}, timeout {timeout:g}s: the request's "
+                    "`timeout`, else the server's --dist-timeout)"
+                ),
+            )
         try:
             loop.call_soon_threadsafe(settle, *outcome)
         except RuntimeError:  # the server shut down meanwhile
@@ -209,14 +216,22 @@ async def handle_init_group(request: web.Request, body: dict) -> web.Response:
     groups: dict = request.app["weight_groups"]
     group_name = _group_name(body)
     if group_name in groups:
-        return json_response({"success": False, "message": f"Failed to initialize custom process group: group {group_name!r} already exists; destroy it first."}, status=400)
+        return json_response(
+            {
+                "success": False,
+                "message": f"Failed to initialize custom process group: group {group_name!r} already exists; destroy it first.",
+            },
+            status=400,
+        )
     try:
         backend, address, port, rank, world_size, group_name, timeout = _init_args(body, state.args.dist_timeout)
         pg = await _join_group(backend, address, port, rank, world_size, group_name, timeout)
     except BadBody:
         raise
     except Exception as e:
-        return json_response({"success": False, "message": f"Failed to initialize custom process group: {e}"}, status=400)
+        return json_response(
+            {"success": False, "message": f"Failed to initialize custom process group: {e}"}, status=400
+        )
     groups[group_name] = (pg, backend)
     return json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
@@ -226,12 +241,16 @@ def _parse_specs(body: dict, params: dict[str, torch.Tensor]) -> list[tuple[str,
     any receive: a wrong layout would otherwise hang the broadcast or allocate at will."""
     if body.get("load_format") not in (None, "auto"):
         # Refuse before joining any broadcast: a receiver expecting the wrong layout would hang the trainer.
-        raise BadBody(f"load_format {str(body['load_format'])[:80]!r} is not supported by the built-in server; send one tensor per name (omit load_format)")
+        raise BadBody(
+            f"load_format {str(body['load_format'])[:80]!r} is not supported by the built-in server; send one tensor per name (omit load_format)"
+        )
     names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
     if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):
         raise BadBody("1 validation error: names, dtypes and shapes must be lists")
     if not len(names) == len(dtypes) == len(shapes):
-        raise BadBody(f"names ({len(names)}), dtypes ({len(dtypes)}) and shapes ({len(shapes)}) must have the same length")
+        raise BadBody(
+            f"names ({len(names)}), dtypes ({len(dtypes)}) and shapes ({len(shapes)}) must have the same length"
+        )
     specs = []
     for name, dtype, shape in zip(names, dtypes, shapes):
         if not isinstance(name, str) or name not in params:
@@ -310,4 +329,10 @@ async def handle_update_weight_version(request: web.Request, body: dict) -> web.
     if body.get("abort_all_requests", True):
         state.scheduler.abort(abort_all=True)
     state.set_weight_version(body["new_version"])
-    return json_response({"success": True, "message": f"Weight version updated to {body['new_version']}", "new_version": body["new_version"]})
+    return json_response(
+        {
+            "success": True,
+            "message": f"Weight version updated to {body['new_version']}",
+            "new_version": body["new_version"],
+        }
+    )

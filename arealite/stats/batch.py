@@ -33,4 +33,3 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
     if "ref_logp" in batch:
         tracker.masked_mean("kl_ref", batch["logprobs"].float() - batch["ref_logp"].float(), loss_mask)
     return tracker.export()
-

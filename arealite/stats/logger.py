@@ -55,7 +55,7 @@ class StatsLogger:
             self._bar = tqdm(total=total_steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=False)
 
     @classmethod
-    def from_config(cls, config: Any, rank: int) -> "StatsLogger":
+    def from_config(cls, config: Any, rank: int) -> StatsLogger:
         """From a GRPOConfig: its `stats_logger` section, run directory and step count."""
         from omegaconf import OmegaConf
 
@@ -80,18 +80,24 @@ class StatsLogger:
         row.update({k: plain(v) for k, v in stats.items()})
         if self._file is not None:
             self._file.write(json.dumps(row) + "\n")
-        numeric = {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+        numeric = {
+            k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"
+        }
         if self._tb is not None:
             for k, v in numeric.items():
                 self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
         shown = " ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if not isinstance(v, (list, dict))
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in row.items()
+            if not isinstance(v, (list, dict))
         )
         if self._bar is not None:
             self._bar.n = min(step + 1, self._bar.total)
-            self._bar.set_postfix({k: row[k] for k in ("reward", "eval/pass@1") if isinstance(row.get(k), float)}, refresh=False)
+            self._bar.set_postfix(
+                {k: row[k] for k in ("reward", "eval/pass@1") if isinstance(row.get(k), float)}, refresh=False
+            )
             self._bar.refresh()
         print(f"[stats] {shown}", flush=True)
 
@@ -166,4 +172,3 @@ def _wandb_run(run_dir: str, mode: str, name: str, config: dict | None):
             f"stats_logger.wandb_mode={mode} needs the wandb package: pip install wandb (or set wandb_mode=disabled)"
         ) from e
     return wandb.init(mode=mode, dir=run_dir, name=name or None, config=config or {}, reinit=True)
-

@@ -32,6 +32,7 @@ PANELS: list[tuple[str, str, list[str]]] = [
 ]
 COLUMNS = 2
 
+
 def _series(rows: list[dict[str, Any]], x: str, y: str) -> tuple[list[float], list[float]]:
     xs, ys = [], []
     for r in rows:
@@ -45,7 +46,9 @@ def _keys_like(rows: list[dict[str, Any]], pattern: str) -> list[str]:
     """`eval/pass@k` stands for whichever `eval/pass@<k>` the run logged; `prefix*` for every
     key with that prefix (sorted, `time/step` last so the total sits on top of its parts)."""
     if pattern.endswith("*"):
-        found = sorted({k for r in rows for k in r if k.startswith(pattern[:-1])}, key=lambda k: (k.endswith("/step"), k))
+        found = sorted(
+            {k for r in rows for k in r if k.startswith(pattern[:-1])}, key=lambda k: (k.endswith("/step"), k)
+        )
         return found or [pattern]
     if "@k" not in pattern:
         return [pattern]
@@ -84,7 +87,7 @@ def plot_run(run_dir: str, out_path: str | None = None) -> str:
         else:
             ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(PANELS):]:
+    for ax in list(axes.flat)[len(PANELS) :]:
         ax.set_visible(False)
     fig.suptitle(os.path.basename(os.path.abspath(run_dir)), fontsize=11)
     fig.tight_layout()

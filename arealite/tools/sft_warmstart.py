@@ -60,7 +60,9 @@ def run_warm_start(config: GRPOConfig) -> str:
     for step in range(sft.steps):
         stats = sft_step(engine, sft_batch(rng.sample(records, min(sft.batch_size, len(records))), tokenizer))
         if step % 10 == 0 or step == sft.steps - 1:
-            print(f"[sft] step {step} loss={stats['loss']:.4f} token_accuracy={stats['token_accuracy']:.3f}", flush=True)
+            print(
+                f"[sft] step {step} loss={stats['loss']:.4f} token_accuracy={stats['token_accuracy']:.3f}", flush=True
+            )
     # write next to the target, then rename: a killed warm start never leaves a half model behind
     partial = config.actor.path.rstrip("/") + ".partial"
     engine.save(partial)

@@ -124,9 +124,7 @@ def build_tiny_model(
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     if hidden % heads != 0 or heads % kv_heads != 0:
-        raise ValueError(
-            f"hidden={hidden} must be divisible by heads={heads}, and heads by kv_heads={kv_heads}"
-        )
+        raise ValueError(f"hidden={hidden} must be divisible by heads={heads}, and heads by kv_heads={kv_heads}")
     os.makedirs(out_dir, exist_ok=True)
     raw = train_tokenizer(seed=seed, vocab_size=vocab_size)
     fast = PreTrainedTokenizerFast(

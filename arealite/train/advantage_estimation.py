@@ -30,7 +30,6 @@ from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch, pack, unpack
 
 
-
 def shaped_rewards(
     rewards: torch.Tensor, loss_mask: torch.Tensor, config: PPOActorConfig, max_new_tokens: int
 ) -> torch.Tensor:
@@ -62,7 +61,9 @@ def estimate_advantages(
     out: dict[str, torch.Tensor] = {}
     if config.mask_no_eos_with_zero:
         if "truncated" not in batch:
-            raise KeyError("actor.mask_no_eos_with_zero needs batch['truncated'] [B] (RLVRWorkflow and MultiTurnWorkflow set it)")
+            raise KeyError(
+                "actor.mask_no_eos_with_zero needs batch['truncated'] [B] (RLVRWorkflow and MultiTurnWorkflow set it)"
+            )
         cut = batch["truncated"].to(score.device).bool()
         score = torch.where(cut, torch.zeros_like(score), score)
         loss_mask = out["loss_mask"] = loss_mask * ~cut.to(loss_mask.device)[:, None]

@@ -41,7 +41,9 @@ def load_train_state(model: torch.nn.Module, optimizer, scheduler, path: str) ->
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": model_sd, "optimizer": optim_sd}
     dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_OPTIONS)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_OPTIONS
+    )
     sched_path = os.path.join(path, _SCHEDULER_FILE)
     if scheduler is not None and os.path.isfile(sched_path):
         scheduler.load_state_dict(torch.load(sched_path, weights_only=True))

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -45,7 +46,9 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     if not os.path.isdir(path):  # else transformers reports a confusing hub repo-id error
-        raise FileNotFoundError(f"model folder {path!r} does not exist; set actor.path (or ref.path) to a local HF model folder")
+        raise FileNotFoundError(
+            f"model folder {path!r} does not exist; set actor.path (or ref.path) to a local HF model folder"
+        )
 
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
 
@@ -110,7 +113,7 @@ class FSDPEngine:
         self.version = 0  # weight version of the current parameters; set by the weight sync
         self._in_process_group = False  # counted among the default group's engines (see _join_process_group)
 
-    def initialize(self) -> "FSDPEngine":
+    def initialize(self) -> FSDPEngine:
         """Join the process group, load and shard the model, build AdamW; collective. Returns self."""
         if self._model is not None:
             return self

@@ -126,6 +126,8 @@ def load_adapter(model: torch.nn.Module, path: str) -> None:
     params = {name: saved_name(name) for name, _ in model.named_parameters() if is_adapter_parameter(name)}
     missing = sorted(set(params.values()) - set(saved))
     if missing:
-        raise KeyError(f"the adapter at {path!r} lacks {len(missing)} tensors of this model, e.g. {missing[:3]}; "
-                       "was it saved with the same actor.lora.target_modules?")
+        raise KeyError(
+            f"the adapter at {path!r} lacks {len(missing)} tensors of this model, e.g. {missing[:3]}; "
+            "was it saved with the same actor.lora.target_modules?"
+        )
     load_full_weights(model, {name: saved[key] for name, key in params.items()}, strict=False)

@@ -40,6 +40,4 @@ def build_scheduler(
         total_steps = 1
     warmup = int(config.warmup_steps_proportion * total_steps)
     kind, floor = config.lr_scheduler_type, config.min_lr_ratio
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, total_steps, warmup, kind, floor)
-    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total_steps, warmup, kind, floor))

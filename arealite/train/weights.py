@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from safetensors.torch import save_file
@@ -71,7 +71,7 @@ def _write_folder(shards: list[dict[str, torch.Tensor]], hf_config, path: str, s
         for i, shard in enumerate(shards):
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, os.path.join(path, fname), metadata={"format": "pt"})
-            weight_map.update({k: fname for k in shard})
+            weight_map.update(dict.fromkeys(shard, fname))
         total = sum(t.nbytes for s in shards for t in s.values())
         with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

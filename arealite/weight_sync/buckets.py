@@ -71,8 +71,10 @@ def broadcast_buckets(
     for name, _, shape in (spec for bucket in buckets for spec in bucket):
         if name not in params or list(params[name].shape) != [int(d) for d in shape]:
             got = list(params[name].shape) if name in params else "no such parameter"
-            raise ValueError(f"bucket entry {name!r} with shape {list(shape)} does not match the model ({got}); "
-                             "build buckets with weight_buckets(actor.model, ...)")
+            raise ValueError(
+                f"bucket entry {name!r} with shape {list(shape)} does not match the model ({got}); "
+                "build buckets with weight_buckets(actor.model, ...)"
+            )
     main = world.is_main()
     failure = None if group is not None or not main else "no weight-update group on rank 0 (WeightSync forms it)"
     for i, bucket in enumerate(buckets):

@@ -108,13 +108,17 @@ def ensure_group(groups: Groups, rollout: InferenceEngine, meta: WeightUpdateMet
             joined.result()
             logger.info("weight-update group %s formed with %s", new.group_name, members)
             return new
-        except Exception as e:  # noqa: BLE001 - the rendezvous or a server's join failed
+        except Exception as e:
             error = e
         joined.exception()  # wait for the servers' side (bounded by their timeout) before retrying
         _abandon(groups, rollout, new)
         if not rollout.exclude_dead(members):
-            raise WeightSyncError(f"the weight-update group could not be formed, though every server is alive: {error}") from error
-        logger.warning("weight-update group %s failed to form (%s); retrying without the dead servers", new.group_name, error)
+            raise WeightSyncError(
+                f"the weight-update group could not be formed, though every server is alive: {error}"
+            ) from error
+        logger.warning(
+            "weight-update group %s failed to form (%s); retrying without the dead servers", new.group_name, error
+        )
 
 
 def _settle(
@@ -134,7 +138,7 @@ def _settle(
     try:
         future.result()
         update_error = None
-    except Exception as e:  # noqa: BLE001 - WeightUpdateError, or the loop's own failure
+    except Exception as e:
         update_error = e
     if broadcast_error is None and update_error is None:
         return _DONE, ""
@@ -172,7 +176,7 @@ def broadcast_weights(
                 meta = ensure_group(groups, rollout, meta)
                 fresh = kept is None or kept.group_name != meta.group_name
                 future = rollout.update_weights(meta)
-            except Exception as e:  # noqa: BLE001 - reported after the collective part
+            except Exception as e:
                 failure = e
                 meta = dataclasses.replace(meta, group_name="")  # no group: rank 0 only gathers
         try:
@@ -190,5 +194,7 @@ def broadcast_weights(
         if status == _DONE:
             return
         if status == _FAIL:
-            raise WeightSyncError(message if rank == 0 else "the distributed weight update failed on trainer rank 0; see its log")
+            raise WeightSyncError(
+                message if rank == 0 else "the distributed weight update failed on trainer rank 0; see its log"
+            )
         logger.warning("retrying the weight broadcast on the remaining servers: %s", message)

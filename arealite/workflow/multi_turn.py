@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from arealite.config import GenerationHyperparameters
+from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest
-from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.workflow.prompt import encode_messages
 from arealite.workflow.scoring import Scorer
 from arealite.workflow.truncation import is_truncated, stop_token_ids

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from arealite.config import GenerationHyperparameters
+from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest, ModelResponse
-from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
-from arealite.workflow.seeding import seeded_gconfig
 from arealite.workflow.prompt import encode_prompt
 from arealite.workflow.scoring import Scorer
+from arealite.workflow.seeding import seeded_gconfig
 from arealite.workflow.truncation import is_truncated, stop_token_ids
 
 
@@ -55,7 +55,9 @@ class RLVRWorkflow(RolloutWorkflow):
         version = engine.get_version() if self.gconfig.sampling_seed is not None else 0
         requests = [
             ModelRequest(
-                input_ids=list(prompt_ids), gconfig=seeded_gconfig(self.gconfig, data, prompt_ids, i, version), group_id=group_id
+                input_ids=list(prompt_ids),
+                gconfig=seeded_gconfig(self.gconfig, data, prompt_ids, i, version),
+                group_id=group_id,
             )
             for i in range(self.gconfig.group_size)
         ]

@@ -29,7 +29,9 @@ class Scorer:
 
     def __init__(self, reward_fn: RewardFn, pool: RewardPool, on_reward_error: str, stats: dict[str, int]) -> None:
         if on_reward_error not in ON_REWARD_ERROR:
-            raise ValueError(f"on_reward_error={on_reward_error!r} is not supported; choose one of {list(ON_REWARD_ERROR)}")
+            raise ValueError(
+                f"on_reward_error={on_reward_error!r} is not supported; choose one of {list(ON_REWARD_ERROR)}"
+            )
         check_picklable(reward_fn)
         self.reward_fn = reward_fn
         self.pool = pool
@@ -53,7 +55,9 @@ class Scorer:
         if self.wants_truncated:
             extra["truncated"] = bool(truncated)
         try:
-            return await self.pool.ascore(self.reward_fn, prompt, completion, list(prompt_ids), list(completion_ids), **extra)
+            return await self.pool.ascore(
+                self.reward_fn, prompt, completion, list(prompt_ids), list(completion_ids), **extra
+            )
         except RewardError as e:
             self.stats["reward_timeouts" if isinstance(e, RewardTimeout) else "reward_errors"] += 1
             if self.on_reward_error == "raise":

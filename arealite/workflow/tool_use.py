@@ -30,9 +30,9 @@ import torch
 from arealite.chat import ChatClient
 from arealite.chat.template import render_prompt
 from arealite.config import GenerationHyperparameters
+from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import concat_padded
-from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.workflow.scoring import Scorer
 from arealite.workflow.seeding import seeded_gconfig
 from arealite.workflow.tools import Tool, ToolError
@@ -62,7 +62,13 @@ class ToolUseWorkflow(RolloutWorkflow):
         self.tools = {t.name: t for t in tools}
         self.schemas = [t.schema() for t in tools] or None
         self.max_turns = max_turns
-        self.stats: dict[str, int] = {"episodes": 0, "rejected_groups": 0, "turns": 0, "tool_calls": 0, "tool_errors": 0}
+        self.stats: dict[str, int] = {
+            "episodes": 0,
+            "rejected_groups": 0,
+            "turns": 0,
+            "tool_calls": 0,
+            "tool_errors": 0,
+        }
         pool = reward_pool or RewardPool(max_workers=2, timeout=reward_timeout)
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
 
@@ -72,7 +78,10 @@ class ToolUseWorkflow(RolloutWorkflow):
         prompt_ids = render_prompt(self.tokenizer, messages, self.schemas)
         version = engine.get_version() if self.gconfig.sampling_seed is not None else 0
         results = await asyncio.gather(
-            *(self._agent(engine, list(messages), data, group_id, prompt_ids, i, version) for i in range(self.gconfig.group_size))
+            *(
+                self._agent(engine, list(messages), data, group_id, prompt_ids, i, version)
+                for i in range(self.gconfig.group_size)
+            )
         )
         self.stats["episodes"] += 1
         if any(r is None for r in results):
@@ -83,7 +92,14 @@ class ToolUseWorkflow(RolloutWorkflow):
         return traj
 
     async def _agent(
-        self, engine: InferenceEngine, messages: list[Any], data: dict[str, Any], group_id: str, prompt_ids: list[int], index: int, version: int
+        self,
+        engine: InferenceEngine,
+        messages: list[Any],
+        data: dict[str, Any],
+        group_id: str,
+        prompt_ids: list[int],
+        index: int,
+        version: int,
     ) -> tuple[dict[str, torch.Tensor], int] | None:
         """One sample: the agent loop, then its reward; None when the reward failed (reject)."""
         client = ChatClient(engine, self.tokenizer, self.gconfig, group_id)
@@ -91,7 +107,9 @@ class ToolUseWorkflow(RolloutWorkflow):
         for turn in range(self.max_turns):
             # each reply of each sample gets a seed of its own (reproducible runs); None: server-chosen
             seed = seeded_gconfig(self.gconfig, data, prompt_ids, index * self.max_turns + turn, version).sampling_seed
-            completion = await client.chat.completions.create(model="policy", messages=messages, tools=self.schemas, seed=seed)
+            completion = await client.chat.completions.create(
+                model="policy", messages=messages, tools=self.schemas, seed=seed
+            )
             message = completion.choices[0].message
             messages.append(message)
             self.stats["turns"] += 1

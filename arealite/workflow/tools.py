@@ -34,7 +34,10 @@ class Tool(ABC):
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-tool definition of this tool (what `tools=[...]` takes)."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     @abstractmethod
     async def arun(self, arguments: dict[str, Any]) -> str:
@@ -130,7 +133,9 @@ class Calculator(Tool):
         raise ToolError(f"{ast.unparse(node)!r} is not arithmetic; use numbers, + - * / // % ** and parentheses")
 
 
-def calculator_demonstrations(records: list[dict[str, Any]], tokenizer: Any, config: Any = None) -> list[dict[str, Any]]:
+def calculator_demonstrations(
+    records: list[dict[str, Any]], tokenizer: Any, config: Any = None
+) -> list[dict[str, Any]]:
     """Supervised examples of solving arithmetic records (`{"messages": [user "a*b="], "answer"}`)
     with the calculator: per record, the call (prompt: the question with the tool listed) and
     the answer (prompt: the question, the call and its result). In the chat template's own
@@ -145,11 +150,23 @@ def calculator_demonstrations(records: list[dict[str, Any]], tokenizer: Any, con
         call = {
             "role": "assistant",
             "content": None,
-            "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}],
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+            ],
         }
         result = {"role": "tool", "content": str(r["answer"])}
         answer = {"role": "assistant", "content": str(r["answer"])}
         after_call = question + [call, result]
-        out.append({"input_ids": render_prompt(tokenizer, question, tools), "completion": reply_text(tokenizer, question, call, tools)})
-        out.append({"input_ids": render_prompt(tokenizer, after_call, tools), "completion": reply_text(tokenizer, after_call, answer, tools)})
+        out.append(
+            {
+                "input_ids": render_prompt(tokenizer, question, tools),
+                "completion": reply_text(tokenizer, question, call, tools),
+            }
+        )
+        out.append(
+            {
+                "input_ids": render_prompt(tokenizer, after_call, tools),
+                "completion": reply_text(tokenizer, after_call, answer, tools),
+            }
+        )
     return out

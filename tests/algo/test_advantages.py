@@ -272,13 +272,16 @@ def test_gae_triton_matches_naive_loop(gamma, lam):
 
 
 @triton_only
-@pytest.mark.parametrize("cu,nan,good", [
-    ([0, 4, 2, 9, 12], (0, 9), (9, 12)),  # out of order: the rows at the fault are NaN
-    ([0, 5, 9], (5, 12), (0, 5)),  # ends short of N: the last row reaches on to N
-    ([3, 7, 12], (0, 7), (7, 12)),  # starts after 0: the first row reaches back to 0
-    ([0, 5, 40], (5, 12), (0, 5)),  # past N: clamped, never read or written out of bounds
-    ([0, -8, 12], (0, 12), None),
-])
+@pytest.mark.parametrize(
+    "cu,nan,good",
+    [
+        ([0, 4, 2, 9, 12], (0, 9), (9, 12)),  # out of order: the rows at the fault are NaN
+        ([0, 5, 9], (5, 12), (0, 5)),  # ends short of N: the last row reaches on to N
+        ([3, 7, 12], (0, 7), (7, 12)),  # starts after 0: the first row reaches back to 0
+        ([0, 5, 40], (5, 12), (0, 5)),  # past N: clamped, never read or written out of bounds
+        ([0, -8, 12], (0, 12), None),
+    ],
+)
 def test_gae_triton_marks_malformed_cu_seqlens_with_nan_without_a_host_check(cu, nan, good):
     g = torch.Generator().manual_seed(3)
     rewards, values = torch.randn(12, generator=g), torch.randn(12, generator=g)

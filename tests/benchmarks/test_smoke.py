@@ -46,7 +46,9 @@ SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in HELPER
 
 def test_every_script_has_a_documented_figure() -> None:
     missing = [s for s in SCRIPTS if s not in FIGURES]
-    assert not missing, f"benchmarks {missing} have no entry in FIGURES: add their last line's name (and a --smoke mode)"
+    assert not missing, (
+        f"benchmarks {missing} have no entry in FIGURES: add their last line's name (and a --smoke mode)"
+    )
     readme = (BENCHMARKS / "README.md").read_text()
     undocumented = [name for name in FIGURES.values() if name not in readme]
     assert not undocumented, f"figures {undocumented} are not in benchmarks/README.md"

@@ -10,7 +10,6 @@ import pytest
 from arealite.chat import ChatClient, chat_completion
 from arealite.chat.template import render_prompt
 from arealite.config import GenerationHyperparameters
-
 from tests.tool_model import CALCULATOR, GREETING, QUESTION
 
 pytestmark = pytest.mark.timeout(180)
@@ -18,7 +17,9 @@ GREEDY = GenerationHyperparameters(temperature=0.0, max_new_tokens=80)
 
 
 def openai_types():
-    return pytest.importorskip("openai.types.chat", reason="the openai package is an optional extra: pip install -e .[openai]")
+    return pytest.importorskip(
+        "openai.types.chat", reason="the openai package is an optional extra: pip install -e .[openai]"
+    )
 
 
 async def calculator_agent(client, question):
@@ -63,14 +64,21 @@ def test_conversation_becomes_one_masked_sequence(tool_engine, tool_tokenizer):
     one, two = client.completions
     n_prompt = len(one.prompt_ids)
     # the whole sequence reads as the template's rendering of the conversation, then the answer
-    assert tool_tokenizer.decode(ids) == tool_tokenizer.decode(render_prompt(tool_tokenizer, messages, [CALCULATOR]) + two.output_ids)
+    assert tool_tokenizer.decode(ids) == tool_tokenizer.decode(
+        render_prompt(tool_tokenizer, messages, [CALCULATOR]) + two.output_ids
+    )
     # loss mask: 0 on the prompt, 1 on the call, 0 on the tool result turn, 1 on the answer
     runs = []
     for value in mask.tolist():
         if not runs or runs[-1][0] != value:
             runs.append([value, 0])
         runs[-1][1] += 1
-    assert runs == [[False, n_prompt], [True, len(one.output_ids)], [False, len(two.prompt_ids) - n_prompt - len(one.output_ids)], [True, len(two.output_ids)]]
+    assert runs == [
+        [False, n_prompt],
+        [True, len(one.output_ids)],
+        [False, len(two.prompt_ids) - n_prompt - len(one.output_ids)],
+        [True, len(two.output_ids)],
+    ]
     tool_turn = tool_tokenizer.decode(ids[~mask][n_prompt:])
     assert tool_turn == "\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     version = tool_engine.get_version()
@@ -82,12 +90,20 @@ def test_conversation_becomes_one_masked_sequence(tool_engine, tool_tokenizer):
 def test_direct_answer_and_choices(tool_engine, tool_tokenizer):
     client = ChatClient(tool_engine, tool_tokenizer, GenerationHyperparameters(max_new_tokens=80))
     done = asyncio.run(
-        client.chat.completions.create(model="policy", messages=GREETING, tools=[CALCULATOR], temperature=0.0, n=2, seed=5)
+        client.chat.completions.create(
+            model="policy", messages=GREETING, tools=[CALCULATOR], temperature=0.0, n=2, seed=5
+        )
     )
     assert [c.index for c in done.choices] == [0, 1]
-    assert all(c.finish_reason == "stop" and c.message.content == "hello" and not c.message.tool_calls for c in done.choices)
-    assert [r.id for r in client.completions] == [f"{done.id}-0", f"{done.id}-1"] and client.record(done.id, 1).parent is None
-    short = asyncio.run(client.chat.completions.create(model="policy", messages=QUESTION, tools=[CALCULATOR], max_tokens=3))
+    assert all(
+        c.finish_reason == "stop" and c.message.content == "hello" and not c.message.tool_calls for c in done.choices
+    )
+    assert [r.id for r in client.completions] == [f"{done.id}-0", f"{done.id}-1"] and client.record(
+        done.id, 1
+    ).parent is None
+    short = asyncio.run(
+        client.chat.completions.create(model="policy", messages=QUESTION, tools=[CALCULATOR], max_tokens=3)
+    )
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
 
 

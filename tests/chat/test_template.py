@@ -16,7 +16,13 @@ from arealite.chat.template import (
 from arealite.workflow.tools import Calculator
 
 CALC = Calculator().schema()
-CALL = {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "12*34"}'}}]}
+CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "12*34"}'}}
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +39,21 @@ def test_parse_tool_calls():
     text = 'Let me see.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n</tool_call>\n<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
     content, calls, bad = parse_tool_calls(text)
     assert content == "Let me see." and bad == 0
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calculator", {"expression": "1+2"}), ("f", {"x": 1})]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("calculator", {"expression": "1+2"}),
+        ("f", {"x": 1}),
+    ]
 
 
 @pytest.mark.parametrize(
     "body",
-    ['{"name": "f", "arguments": {"x": 1}', '["f"]', '{"arguments": {}}', '{"name": "f", "arguments": [1]}', '{"name": "f", "arguments": "not json"}'],
+    [
+        '{"name": "f", "arguments": {"x": 1}',
+        '["f"]',
+        '{"arguments": {}}',
+        '{"name": "f", "arguments": [1]}',
+        '{"name": "f", "arguments": "not json"}',
+    ],
 )
 def test_malformed_calls_stay_in_the_content(body):
     text = f"<tool_call>\n{body}\n</tool_call>"
@@ -52,11 +67,19 @@ def test_unterminated_call_is_content():
 
 
 def test_template_message_forms():
-    openai_types = pytest.importorskip("openai.types.chat", reason="the openai package is an optional extra: pip install -e .[openai]")
+    openai_types = pytest.importorskip(
+        "openai.types.chat", reason="the openai package is an optional extra: pip install -e .[openai]"
+    )
     message = openai_types.ChatCompletionMessage.model_validate(CALL | {"content": None})
     out = template_message(message)  # a pydantic object, as agents append completion.choices[0].message
-    assert out == {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}]}
-    assert template_message({"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}) == {"role": "system", "content": "ab"}
+    assert out == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}],
+    }
+    assert template_message(
+        {"role": "developer", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    ) == {"role": "system", "content": "ab"}
 
 
 @pytest.mark.parametrize(
@@ -64,7 +87,13 @@ def test_template_message_forms():
     [
         ({"role": "robot", "content": "x"}, "role 'robot'"),
         ({"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}, "only text parts"),
-        ({"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{oops"}}]}, "not JSON"),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{oops"}}],
+            },
+            "not JSON",
+        ),
     ],
 )
 def test_bad_messages_name_the_problem(message, error):
@@ -83,7 +112,9 @@ def test_continuation_is_the_rest_of_the_full_rendering(tok):
     question = [{"role": "user", "content": "12*34="}]
     prompt = render_prompt(tok, question, [CALC])
     reply = tok.encode(reply_text(tok, question, CALL, [CALC])) + [tok.eos_token_id]  # what a model would emit
-    tail = continuation_ids(tok, question, [{"role": "tool", "tool_call_id": "call_1", "content": "408"}], [CALC], reply[-1])
+    tail = continuation_ids(
+        tok, question, [{"role": "tool", "tool_call_id": "call_1", "content": "408"}], [CALC], reply[-1]
+    )
     full = question + [CALL, {"role": "tool", "content": "408"}]
     assert tok.decode(prompt + reply + tail) == tok.decode(render_prompt(tok, full, [CALC]))
     # a reply cut by the token budget (no stop token): the end-of-turn marker is part of the continuation
@@ -99,6 +130,9 @@ def test_qwen25_uses_the_same_tool_markup(tok, qwen):
     assert text == reply_text(tok, question, CALL, [CALC])
     _, calls, _ = parse_tool_calls(text)
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calculator", {"expression": "12*34"})]
-    conv = [template_message(m) for m in question + [CALL, {"role": "tool", "content": "408"}, {"role": "assistant", "content": "408"}]]
+    conv = [
+        template_message(m)
+        for m in question + [CALL, {"role": "tool", "content": "408"}, {"role": "assistant", "content": "408"}]
+    ]
     turns = [t.apply_chat_template(conv, tools=[CALC], tokenize=False).split("<|im_end|>\n", 1)[1] for t in (tok, qwen)]
     assert turns[0] == turns[1]

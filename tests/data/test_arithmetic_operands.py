@@ -19,6 +19,8 @@ def test_operands_in_range_through_the_config():
 
 
 def test_default_range_unchanged_and_bad_range_refused():
-    assert make_arithmetic_dataset(50, seed=1, max_operand=9) == make_arithmetic_dataset(50, seed=1, max_operand=9, min_operand=0)
+    assert make_arithmetic_dataset(50, seed=1, max_operand=9) == make_arithmetic_dataset(
+        50, seed=1, max_operand=9, min_operand=0
+    )
     with pytest.raises(ValueError, match="min_operand=10 must be in 0..max_operand=9"):
         make_arithmetic_dataset(5, max_operand=9, min_operand=10)

@@ -87,7 +87,10 @@ def test_a_dataset_object_from_python(rows_dataset):
     _check_gsm8k(load_records(DatasetConfig(type="gsm8k"), dataset=datasets.DatasetDict({"train": rows_dataset})))
     # generic records keep their other columns; nulls of a union schema are dropped
     generic = datasets.Dataset.from_list(
-        [{"prompt": "2+2?", "question": None, "answer": 4, "level": 1}, {"prompt": None, "question": "q", "answer": 5, "level": None}]
+        [
+            {"prompt": "2+2?", "question": None, "answer": 4, "level": 1},
+            {"prompt": None, "question": "q", "answer": 5, "level": None},
+        ]
     )
     recs = load_records(DatasetConfig(type="jsonl"), dataset=generic)
     assert recs[0]["messages"] == [{"role": "user", "content": "2+2?"}] and recs[0]["answer"] == "4"
@@ -102,7 +105,9 @@ def _cache_hub_dataset(cache_root: str, repo_id: str, subset: str, rows_dataset)
     source = os.path.join(cache_root, "src.jsonl")
     rows_dataset.to_json(source)
     name = repo_id.split("/")[1]
-    Json(cache_dir=cache_root, dataset_name=name, config_name=subset, hash="0123abcd", data_files={"train": source}).download_and_prepare()
+    Json(
+        cache_dir=cache_root, dataset_name=name, config_name=subset, hash="0123abcd", data_files={"train": source}
+    ).download_and_prepare()
     (config_dir,) = glob.glob(os.path.join(cache_root, name, f"{subset}-*"))
     os.rename(config_dir, os.path.join(cache_root, name, subset))
     os.rename(os.path.join(cache_root, name), os.path.join(cache_root, repo_id.replace("/", "___")))
@@ -114,7 +119,9 @@ def test_a_cached_hub_name_offline(tmp_path, rows_dataset, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path))  # holds only this dataset
     _cache_hub_dataset(str(tmp_path), "someone/tiny-gsm8k", "main", rows_dataset)
     _check_gsm8k(load_records(DatasetConfig(type="gsm8k", path="someone/tiny-gsm8k", subset="main")))
-    with pytest.raises(DatasetError, match=r"'someone/absent' is not a local file or folder.*HF_HUB_OFFLINE is set.*HF_HUB_OFFLINE=1"):
+    with pytest.raises(
+        DatasetError, match=r"'someone/absent' is not a local file or folder.*HF_HUB_OFFLINE is set.*HF_HUB_OFFLINE=1"
+    ):
         load_records(DatasetConfig(type="gsm8k", path="someone/absent"))
 
 
@@ -127,7 +134,9 @@ def test_bad_sources_are_named(tmp_path, rows_dataset):
     odd.write_text("x")
     with pytest.raises(DatasetError, match=r"suffix '.xlsx'.*convert it to one of"):
         read_dataset(str(odd))
-    with pytest.raises(DatasetError, match=r"lacks \['question'\] \(has \['answer', 'rows'\]\); is it GSM8K\? Rename the columns"):
+    with pytest.raises(
+        DatasetError, match=r"lacks \['question'\] \(has \['answer', 'rows'\]\); is it GSM8K\? Rename the columns"
+    ):
         load_records(DatasetConfig(type="gsm8k"), dataset=rows_dataset.rename_column("question", "rows"))
     with pytest.raises(DatasetError, match=r"lacks \['answer'\].*set dataset.type=jsonl"):
         load_records(DatasetConfig(type="math500"), dataset=datasets.Dataset.from_list([{"problem": "p"}]))

@@ -52,7 +52,9 @@ def test_bad_files(tmp_path):
 
 def test_generic_jsonl(tmp_path):
     p = tmp_path / "d.jsonl"
-    p.write_text(json.dumps({"prompt": "2+2?", "answer": 4}) + "\n" + json.dumps({"question": "q", "answer": "x"}) + "\n")
+    p.write_text(
+        json.dumps({"prompt": "2+2?", "answer": 4}) + "\n" + json.dumps({"question": "q", "answer": "x"}) + "\n"
+    )
     recs = load_generic(str(p))
     assert recs[0]["messages"] == [{"role": "user", "content": "2+2?"}] and recs[0]["answer"] == "4"
 
@@ -109,7 +111,10 @@ def test_filter_by_prompt_length(tiny_model_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    recs = [{"messages": [{"role": "user", "content": "1+1="}]}, {"messages": [{"role": "user", "content": "9 " * 200}]}]
+    recs = [
+        {"messages": [{"role": "user", "content": "1+1="}]},
+        {"messages": [{"role": "user", "content": "9 " * 200}]},
+    ]
     assert filter_by_prompt_length(recs, tok, 64) == recs[:1]
     with pytest.raises(DatasetError, match="max_prompt_tokens"):
         filter_by_prompt_length(recs[1:], tok, 8)

@@ -73,6 +73,8 @@ def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir, weight_upd
     servers = [json.loads(line) for line in (run_dir / "processes.jsonl").read_text().splitlines() if line.strip()]
     server_addrs = {p["addr"] for p in servers if p.get("name", "").startswith("server")}
     assert len(server_addrs) == 2, servers
-    confirmations = [line for line in trainer_log.splitlines() if line.startswith("[weight-sync] version 2 confirmed by")]
+    confirmations = [
+        line for line in trainer_log.splitlines() if line.startswith("[weight-sync] version 2 confirmed by")
+    ]
     assert confirmations, trainer_log[-2000:]
     assert all(addr in confirmations[-1] for addr in server_addrs), (confirmations, server_addrs)

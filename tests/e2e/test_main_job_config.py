@@ -16,7 +16,10 @@ def test_tiny_cpu_setup_commands_chain_model_sft_and_actor():
     config = load_config(["--config", str(REPO / "configs" / "tiny_cpu.yaml")], GRPOConfig)
     build, sft = (shlex.split(c) for c in config.launcher.setup_commands)
     assert build[:3] == ["python", "-m", "arealite.tools.tiny_model"] and build[3] == config.sft.base_path
-    assert sft[:3] == ["python", "-m", "arealite.tools.sft_warmstart"] and sft[3:] == ["--config", "configs/tiny_cpu.yaml"]
+    assert sft[:3] == ["python", "-m", "arealite.tools.sft_warmstart"] and sft[3:] == [
+        "--config",
+        "configs/tiny_cpu.yaml",
+    ]
     assert config.actor.path != config.sft.base_path, "the warm start must not overwrite its own base model"
     assert config.evaluator.freq_steps > 0 and config.gconfig.sampling_seed is not None
     assert config.rollout.max_head_offpolicyness == 0 and config.recover.mode == "auto"

@@ -97,7 +97,9 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
         server_b.stop()
 
     assert "[weight-sync] version 3 confirmed" in resumed_log or "[weight-sync] version 4 confirmed" in resumed_log
-    assert f"[recover] skipped damaged checkpoints (step_{STEPS - 1}: train_state/__0_0.distcp has" in fallback_log, fallback_log[-3000:]
+    assert f"[recover] skipped damaged checkpoints (step_{STEPS - 1}: train_state/__0_0.distcp has" in fallback_log, (
+        fallback_log[-3000:]
+    )
     assert f"[weight-sync] version {STEPS} confirmed" in fallback_log  # the last step ran again
     ref_rows, rec_rows = _rows(tmp_path / "recover" / "uninterrupted"), _rows(crashed_dir)
     # every step exactly once, with the same prompts in the same order
@@ -110,7 +112,10 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
     # disk weight sync keeps the newest 3 versions (weight_keep_versions), also across the relaunch
     for run_dir in (tmp_path / "recover" / "uninterrupted", crashed_dir):
         assert sorted(os.listdir(run_dir / "weights")) == [f"v{v}" for v in range(STEPS - 2, STEPS + 1)]
-    ref_w, rec_w = _weights(tmp_path / "recover" / "uninterrupted" / "weights" / f"v{STEPS}"), _weights(crashed_dir / "weights" / f"v{STEPS}")
+    ref_w, rec_w = (
+        _weights(tmp_path / "recover" / "uninterrupted" / "weights" / f"v{STEPS}"),
+        _weights(crashed_dir / "weights" / f"v{STEPS}"),
+    )
     assert ref_w.keys() == rec_w.keys()
     init = _weights(Path(tiny_model_dir))
     assert max((ref_w[k] - init[k]).abs().max().item() for k in init) > 1e-4, "training did not move the weights"
@@ -127,7 +132,9 @@ def test_async_recovery_trains_every_handed_out_prompt_exactly_once(tmp_path, ti
     extra = [f"total_train_steps={steps}", "rollout.max_head_offpolicyness=1"]
     server = launch_server_process(tiny_model_dir, extra_args=["--skip-server-warmup"])
     try:
-        _kill_mid_step(_trainer(tiny_model_dir, tmp_path, "async", server.address, *extra), "[weight-sync] version 3 confirmed")
+        _kill_mid_step(
+            _trainer(tiny_model_dir, tmp_path, "async", server.address, *extra), "[weight-sync] version 3 confirmed"
+        )
         run_dir = tmp_path / "recover" / "async"
         latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text()
         pending = [r["id"] for r in torch.load(latest / "rank0.pt", weights_only=False)["dataloader"]["pending"]]

@@ -26,8 +26,12 @@ def test_tools_example_runs_two_steps(tmp_path, tool_model_dir):
     cmd = [sys.executable, "-m", "arealite.launcher.local", "examples/tools_grpo.py", "--config", CONFIG, *overrides]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280, cwd=REPO_ROOT)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    line = re.search(r"accuracy_before=([\d.]+) accuracy_with_tool=([\d.]+) accuracy_without_tool=([\d.]+)", proc.stdout)
+    line = re.search(
+        r"accuracy_before=([\d.]+) accuracy_with_tool=([\d.]+) accuracy_without_tool=([\d.]+)", proc.stdout
+    )
     assert line and all(0.0 <= float(x) <= 1.0 for x in line.groups()), proc.stdout[-2000:]
     run_dir = load_config(["--config", CONFIG, *overrides], GRPOConfig).run_dir
     rows = [json.loads(x) for x in open(os.path.join(run_dir, "stats.jsonl"))]
-    assert [r["step"] for r in rows] == [0, 1] and all("tool_calls" in r and r["version"] == r["step"] + 1 for r in rows)
+    assert [r["step"] for r in rows] == [0, 1] and all(
+        "tool_calls" in r and r["version"] == r["step"] + 1 for r in rows
+    )

@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("peft", reason="LoRA needs peft: pip install 'arealite[lora]'")
 
-from tests.tolerance import EPS_BF16  # noqa: E402
-from tests.train.test_lora_sync import sync_and_compare  # noqa: E402
+from tests.tolerance import EPS_BF16
+from tests.train.test_lora_sync import sync_and_compare
 
 pytestmark = pytest.mark.cuda
 
@@ -24,6 +24,10 @@ def test_lora_sync_in_bf16_on_cuda(tiny_model_dir, tmp_path):
         # bf16 logits are known to ~eps_bf16 * max|logit| each; server (KV-cache decode, adapter
         # by hooks) and trainer (packed prefill, peft layers) may differ by twice that
         bound = 2 * EPS_BF16 * f["max_logit"]
-        print(f"bf16 LoRA v{version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base vs server {f['base']:.2e}")
+        print(
+            f"bf16 LoRA v{version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base vs server {f['base']:.2e}"
+        )
         assert f["trainer"] <= bound, f"bf16 trainer vs server mean |logprob diff| {f['trainer']} > {bound}"
-        assert f["base"] > 4 * bound, f"the served logprobs are the base model's ({f['base']}): the adapter was not applied"
+        assert f["base"] > 4 * bound, (
+            f"the served logprobs are the base model's ({f['base']}): the adapter was not applied"
+        )

@@ -41,6 +41,10 @@ def test_main_job_few_steps_on_cuda_with_the_builtin_server(tmp_path, tiny_model
     for r in steps:
         assert r["advantages/backend_triton"] == 1.0 and r["time/advantages"] > 0, r
         assert r["grad_norm"] > 0 and not r["update_skipped"], r
-    print("main job on CUDA: time/advantages per step (ms):", [round(r["time/advantages"] * 1e3, 2) for r in steps],
-          "| logprob_mismatch:", [f"{r['logprob_mismatch']:.1e}" for r in steps])
+    print(
+        "main job on CUDA: time/advantages per step (ms):",
+        [round(r["time/advantages"] * 1e3, 2) for r in steps],
+        "| logprob_mismatch:",
+        [f"{r['logprob_mismatch']:.1e}" for r in steps],
+    )
     assert sorted(os.listdir(run_dir / "weights")) == [f"v{STEPS - 1}", f"v{STEPS}"]

@@ -36,7 +36,9 @@ def _local(p: torch.Tensor) -> torch.Tensor:
 
 
 def _engine(path: str, dtype: str, **kw) -> FSDPEngine:
-    cfg = TrainEngineConfig(path=path, dtype=dtype, optimizer=OptimizerConfig(lr=1e-3), mb_spec=MicroBatchSpec(n_mbs=2), **kw)
+    cfg = TrainEngineConfig(
+        path=path, dtype=dtype, optimizer=OptimizerConfig(lr=1e-3), mb_spec=MicroBatchSpec(n_mbs=2), **kw
+    )
     return FSDPEngine(cfg).initialize()
 
 
@@ -109,6 +111,8 @@ def test_bf16_server_and_trainer_logprobs_agree_within_bf16_rounding(tiny_model_
     # bf16 computations (server: KV-cache decode, trainer: packed prefill) differ by up to
     # twice that. (A one-token misalignment moves them by a good fraction of max|z|.)
     bound = 2 * EPS_BF16 * max_logit
-    print(f"bf16 parity: mean |server - trainer| logprob = {parity:.2e} (bound {bound:.2e} = 2 * eps_bf16 * "
-          f"max|logit| {max_logit:.3f}); each against fp32: server {server_vs_fp32:.2e}, trainer {trainer_vs_fp32:.2e}")
+    print(
+        f"bf16 parity: mean |server - trainer| logprob = {parity:.2e} (bound {bound:.2e} = 2 * eps_bf16 * "
+        f"max|logit| {max_logit:.3f}); each against fp32: server {server_vs_fp32:.2e}, trainer {trainer_vs_fp32:.2e}"
+    )
     assert parity <= bound, f"bf16 server vs trainer mean |logprob diff| {parity} > {bound}"

@@ -96,7 +96,9 @@ def launch(tmp_path):
     def _launch(
         kind: str, overrides: list[str], mode: str = "ok", options: tuple[str, ...] = (), env: dict | None = None
     ) -> LaunchedRun:
-        env = dict(os.environ, OMP_NUM_THREADS="1", AREAL_TEST_TRAINER_MODE=mode, PYTHONPATH=str(REPO_ROOT), **(env or {}))
+        env = dict(
+            os.environ, OMP_NUM_THREADS="1", AREAL_TEST_TRAINER_MODE=mode, PYTHONPATH=str(REPO_ROOT), **(env or {})
+        )
         # the built-in server also on a GPU machine (server.backend=auto would pick SGLang there)
         args = [f"fileroot={tmp_path}", "experiment_name=launch", "trial_name=t", "server.backend=builtin", *overrides]
         cmd = [sys.executable, "-m", f"arealite.launcher.{kind}", *options, TRAINER, *args]

@@ -18,8 +18,11 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def test_two_servers_two_trainers(launch, tiny_model_dir):
-    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_servers=2", "launcher.n_trainers=2"],
-                 env=train_device_env(2))
+    run = launch(
+        "local",
+        [f"actor.path={tiny_model_dir}", "launcher.n_servers=2", "launcher.n_trainers=2"],
+        env=train_device_env(2),
+    )
     code, out, err = run.finish()
     assert code == 0, err
     ranks = [json.loads((run.run_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -39,14 +42,19 @@ def test_trainer_exit_status_is_returned(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("")
     run = LocalRun(parse_launch_args([str(script), f"fileroot={tmp_path}"], "local"))
-    for code, expected in (("raise SystemExit(3)", 3), ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137)):
+    for code, expected in (
+        ("raise SystemExit(3)", 3),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", 137),
+    ):
         run.trainer = ManagedProcess("trainer", [sys.executable, "-c", code], str(tmp_path / "trainer.log"))
         run.trainer.start()
         assert run.supervise() == expected  # no servers: only the trainer is watched
 
 
 def test_killed_server_without_restarts_stops_everything(launch, tiny_model_dir):
-    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait", env=train_device_env(2))
+    run = launch(
+        "local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait", env=train_device_env(2)
+    )
     run.wait_for(run.trainers_started(2), what="two trainer ranks")
     pid = run.kill_first_server()
     code, _, err = run.finish()
@@ -70,7 +78,9 @@ def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir):
 
 
 def test_sigterm_stops_every_child(launch, tiny_model_dir):
-    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait", env=train_device_env(2))
+    run = launch(
+        "local", [f"actor.path={tiny_model_dir}", "launcher.n_trainers=2"], mode="wait", env=train_device_env(2)
+    )
     run.wait_for(run.trainers_started(2), what="two trainer ranks")
     run.proc.send_signal(signal.SIGTERM)
     code, _, err = run.finish()

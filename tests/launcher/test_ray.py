@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray launcher needs the 'ray' extra: pip install -e .[ray]")
 
-from arealite.utils import net  # noqa: E402
+from arealite.utils import net
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -89,7 +89,11 @@ def test_killed_server_without_restarts_tears_everything_down(launch, tiny_model
 
 def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir, ray_cluster):
     # An existing cluster (launcher.ray_address), as a user's would be.
-    overrides = [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1", f"launcher.ray_address={ray_cluster}"]
+    overrides = [
+        f"actor.path={tiny_model_dir}",
+        "launcher.max_server_restarts=1",
+        f"launcher.ray_address={ray_cluster}",
+    ]
     run = launch("ray", overrides, mode="wait", env=LOOPBACK_CLUSTER_ENV)
     run.wait_for(run.trainers_started(1), timeout=180, what="the trainer rank")
     old_pid = run.kill_first_server()

@@ -31,13 +31,17 @@ def test_ray_bundles_request_gpus_only_for_sglang():
     pytest.importorskip("ray", reason="the Ray launcher needs the 'ray' extra")
     from arealite.launcher.ray import placement_bundles
 
-    cfg = _config("launcher.n_servers=1", "launcher.n_trainers=2", "launcher.gpus_per_server=4", "launcher.cpus_per_trainer=3")
+    cfg = _config(
+        "launcher.n_servers=1", "launcher.n_trainers=2", "launcher.gpus_per_server=4", "launcher.cpus_per_trainer=3"
+    )
     assert placement_bundles(cfg, "sglang") == [{"CPU": 1, "GPU": 4}, {"CPU": 3, "GPU": 1}, {"CPU": 3, "GPU": 1}]
     assert placement_bundles(cfg, "builtin") == [{"CPU": 1}, {"CPU": 3}, {"CPU": 3}]
 
 
 def test_sbatch_scripts_request_gpus_for_sglang_and_split_ranks_over_nodes():
-    cfg = _config("launcher.n_servers=2", "launcher.gpus_per_server=2", "launcher.n_trainers=8", "launcher.trainer_nodes=2")
+    cfg = _config(
+        "launcher.n_servers=2", "launcher.gpus_per_server=2", "launcher.n_trainers=8", "launcher.trainer_nodes=2"
+    )
     servers = servers_script(cfg, "sglang", "/runs/x", "/proj")
     trainer = trainer_script(cfg, "sglang", "/runs/x", "/proj", "/proj/train.py", ["--config", "c.yaml"])
     assert "#SBATCH --gpus-per-task=2" in servers and "--backend sglang" in servers

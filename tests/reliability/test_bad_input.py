@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from arealite.config import ConfigError, DatasetConfig, GenerationHyperparameters, GRPOConfig, InferenceEngineConfig
-from arealite.config import PPOActorConfig, load_config
+from arealite.config import (
+    ConfigError,
+    DatasetConfig,
+    GenerationHyperparameters,
+    GRPOConfig,
+    InferenceEngineConfig,
+    PPOActorConfig,
+    load_config,
+)
 from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
 from arealite.data.math_datasets import DatasetError
 from arealite.rollout import GenerationError, RemoteSGLangEngine, RolloutWorkflowError
@@ -41,7 +48,9 @@ def test_bad_config_is_named(argv, expected):
 def test_typo_and_wrong_type_in_a_yaml_file_are_named(tmp_path):
     typo = tmp_path / "typo.yaml"
     typo.write_text("gconfig:\n  max_new_token: 8\n")
-    with pytest.raises(ConfigError, match=r"unknown config key 'gconfig.max_new_token'; did you mean gconfig.max_new_tokens"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'gconfig.max_new_token'; did you mean gconfig.max_new_tokens"
+    ):
         load_config(["--config", str(typo)], GRPOConfig)
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("train_dataset:\n  batch_size: 8x\n")

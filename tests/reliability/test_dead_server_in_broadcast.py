@@ -59,7 +59,12 @@ def scale(model: torch.nn.Module, factor: float) -> None:
 
 
 def input_logprobs(server) -> torch.Tensor:
-    body = {"input_ids": PROMPT, "return_logprob": True, "logprob_start_len": 0, "sampling_params": {"max_new_tokens": 1}}
+    body = {
+        "input_ids": PROMPT,
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "sampling_params": {"max_new_tokens": 1},
+    }
     status, out = server.post("/generate", body)
     assert status == 200, out
     return torch.tensor([t[0] for t in out["meta_info"]["input_token_logprobs"][1:]])

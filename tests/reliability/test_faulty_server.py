@@ -18,7 +18,9 @@ pytestmark = pytest.mark.timeout(60)
 FAST_FAILING = dict(
     request_timeout=2.0, request_retries=1, setup_timeout=3.0, health_check_timeout=1.0, health_check_interval=0.5
 )
-RECORDS = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)} for i in range(2)]
+RECORDS = [
+    {"id": f"r{i}", "messages": [{"role": "user", "content": f"{i}+1="}], "answer": str(i + 1)} for i in range(2)
+]
 
 
 def _rollout(address: str, tokenizer) -> BaseException:

@@ -46,7 +46,9 @@ def capped_server(tiny_model_dir, tmp_path_factory):
 def send(server, path: str, body, method: str = "POST") -> tuple[int, bytes, float]:
     """(status, raw reply, seconds); `body` is bytes or JSON-able. Fails the test past the bound."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(server.url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        server.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
     start = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=ANSWER_WITHIN_S) as r:
@@ -69,14 +71,34 @@ CASES = [
     ({"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": -1}, 400, "top_logprobs_num must be in [0, 8]"),
     ({"input_ids": [1, 2], "top_logprobs_num": 10**6}, 400, "--max-top-logprobs-num"),
     ({"input_ids": [1, 2], "return_logprob": True, "logprob_start_len": -5}, 400, "logprob_start_len must be -1"),
-    ({"input_ids": [1, 2], "sampling_params": {"n": 100_000}}, 400, "n must be in [1, 4] (the server's --max-parallel-samples)"),
+    (
+        {"input_ids": [1, 2], "sampling_params": {"n": 100_000}},
+        400,
+        "n must be in [1, 4] (the server's --max-parallel-samples)",
+    ),
     ({"input_ids": [[1]] * 300, "sampling_params": {"n": 2}}, 400, "--max-request-tokens"),
     ({"input_ids": [[1, 2]] * 10, "sampling_params": {"max_new_tokens": 60}}, 400, "more than 400 tokens"),
-    ({"input_ids": [1], "sampling_params": {"sampling_seed": 10**30}}, 400, "expected i64 at `sampling_params.sampling_seed`"),
-    ({"input_ids": [1], "sampling_params": {"temperature": 10**400}}, 400, "expected f64 at `sampling_params.temperature`"),
-    ({"input_ids": [1], "sampling_params": {"logit_bias": {"5": 1e308}}}, 400, "logit_bias values must be in [-100, 100]"),
+    (
+        {"input_ids": [1], "sampling_params": {"sampling_seed": 10**30}},
+        400,
+        "expected i64 at `sampling_params.sampling_seed`",
+    ),
+    (
+        {"input_ids": [1], "sampling_params": {"temperature": 10**400}},
+        400,
+        "expected f64 at `sampling_params.temperature`",
+    ),
+    (
+        {"input_ids": [1], "sampling_params": {"logit_bias": {"5": 1e308}}},
+        400,
+        "logit_bias values must be in [-100, 100]",
+    ),
     ({"input_ids": [1], "sampling_params": {"logit_bias": {"²": 1.0}}}, 400, "is not a token id in [0, 515)"),
-    ({"input_ids": [1], "stream": True, "sampling_params": {"stream_interval": 0}}, 400, "stream_interval must be at least 1"),
+    (
+        {"input_ids": [1], "stream": True, "sampling_params": {"stream_interval": 0}},
+        400,
+        "stream_interval must be at least 1",
+    ),
     (b'{"input_ids": [1], "sampling_params": {"temperature": NaN}}', 400, "NaN is not valid JSON"),
     (DEEP, 400, "nests deeper than 8 levels (the server's --max-json-depth)"),
     ({"input_ids": [1], "custom_params": {"a": [[[[[[[[1]]]]]]]]}}, 400, "--max-json-depth"),
@@ -92,8 +114,14 @@ def test_hostile_request_gets_a_clear_4xx(capped_server, body, status, words):
 
 def test_weight_update_bodies_are_checked_before_any_receive(capped_server):
     bad = [
-        ({"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [["x"]], "group_name": "g"}, "differs from the served parameter"),
-        ({"names": ["no.such"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "g"}, "does not exist in the served model"),
+        (
+            {"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [["x"]], "group_name": "g"},
+            "differs from the served parameter",
+        ),
+        (
+            {"names": ["no.such"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "g"},
+            "does not exist in the served model",
+        ),
         ({"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[10**9, 64]], "group_name": "g"}, "differs"),
     ]
     for body, words in bad:
@@ -126,14 +154,41 @@ def test_group_init_with_a_master_that_never_answers_is_bounded(capped_server):
 
 # ---- the fuzz test ----------------------------------------------------------------------------
 
-EDGE_INTS = [-(2**63) - 1, -(2**63), -(2**31), -2, -1, 0, 1, 2, 3, 7, 8, 9, 63, 64, 65, 400, 514, 515, 2**31, 2**63 - 1, 2**63, 10**30]
+EDGE_INTS = [
+    -(2**63) - 1,
+    -(2**63),
+    -(2**31),
+    -2,
+    -1,
+    0,
+    1,
+    2,
+    3,
+    7,
+    8,
+    9,
+    63,
+    64,
+    65,
+    400,
+    514,
+    515,
+    2**31,
+    2**63 - 1,
+    2**63,
+    10**30,
+]
 ints = st.one_of(st.sampled_from(EDGE_INTS), st.integers(-100, 100))
 floats = st.one_of(
     st.sampled_from([-1e308, 1e308, -2.0, -1e-9, 0.0, 1e-7, 0.5, 1.0, 2.0, 2.0000001, 100.0, 100.5]),
     st.floats(allow_nan=False, allow_infinity=False),
 )
 scalars = st.one_of(st.none(), st.booleans(), ints, floats, st.text(max_size=12))
-junk = st.recursive(scalars, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=6), c, max_size=4)), max_leaves=10)
+junk = st.recursive(
+    scalars,
+    lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=6), c, max_size=4)),
+    max_leaves=10,
+)
 
 
 def _or_junk(strategy):
@@ -154,8 +209,12 @@ sampling_params = st.fixed_dictionaries({}, optional=SAMPLING)
 generate_bodies = st.fixed_dictionaries(
     {},
     optional={
-        "input_ids": _or_junk(st.one_of(st.lists(st.integers(-3, 520), max_size=20),
-                                        st.lists(st.lists(st.integers(0, 514), max_size=8), max_size=4))),
+        "input_ids": _or_junk(
+            st.one_of(
+                st.lists(st.integers(-3, 520), max_size=20),
+                st.lists(st.lists(st.integers(0, 514), max_size=8), max_size=4),
+            )
+        ),
         "text": _or_junk(st.one_of(st.text(max_size=40), st.lists(st.text(max_size=10), max_size=3))),
         "input_embeds": junk,
         "sampling_params": _or_junk(st.one_of(sampling_params, st.lists(sampling_params, max_size=3))),
@@ -173,13 +232,32 @@ raw_bodies = st.one_of(
     st.integers(1, 300_000).map(lambda d: b"[" * d + b"]" * d),  # nesting, up to far past Python's stack
     st.integers(1, 40).map(lambda d: b'{"input_ids": [1], "custom_params": ' + b'{"a": ' * d + b"1" + b"}" * d + b"}"),
     st.integers(16_000, 40_000).map(lambda n: b'{"input_ids": [' + b"1," * (n // 2) + b"1]}"),  # around the size cap
-    st.sampled_from([b"NaN", b'{"input_ids": [1], "sampling_params": {"top_p": Infinity}}', b'{"input_ids": [1e400]}',
-                     b'{"input_ids": [' + b"9" * 5000 + b"]}", b'{"text": "\\ud800"}', b"\xff\xfe{}", b'{"a": 1']),  # fmt: skip
+    st.sampled_from(
+        [
+            b"NaN",
+            b'{"input_ids": [1], "sampling_params": {"top_p": Infinity}}',
+            b'{"input_ids": [1e400]}',
+            b'{"input_ids": [' + b"9" * 5000 + b"]}",
+            b'{"text": "\\ud800"}',
+            b"\xff\xfe{}",
+            b'{"a": 1',
+        ]
+    ),  # fmt: skip
 )
 requests = st.one_of(
     st.tuples(st.just("/generate"), st.one_of(generate_bodies, generate_bodies, generate_bodies, junk, raw_bodies)),
-    st.tuples(st.sampled_from(["/abort_request", "/flush_cache", "/update_weights_from_distributed",
-                               "/destroy_weights_update_group", "/update_weights_from_disk"]), st.one_of(junk, raw_bodies)),  # fmt: skip
+    st.tuples(
+        st.sampled_from(
+            [
+                "/abort_request",
+                "/flush_cache",
+                "/update_weights_from_distributed",
+                "/destroy_weights_update_group",
+                "/update_weights_from_disk",
+            ]
+        ),
+        st.one_of(junk, raw_bodies),
+    ),  # fmt: skip
 )
 
 

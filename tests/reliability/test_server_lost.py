@@ -17,13 +17,17 @@ from .conftest import start_builtin
 from .rewards import one
 
 pytestmark = pytest.mark.timeout(180)
-RECORDS = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"{i}+3="}], "answer": str(i + 3)} for i in range(8)]
+RECORDS = [
+    {"id": f"r{i}", "messages": [{"role": "user", "content": f"{i}+3="}], "answer": str(i + 3)} for i in range(8)
+]
 
 
 def test_server_killed_mid_batch(tiny_model_dir, tokenizer, tmp_path):
     with ThreadPoolExecutor(2) as pool:  # side by side: each start costs seconds
         servers = list(pool.map(lambda i: start_builtin(tiny_model_dir, tmp_path / f"s{i}"), range(2)))
-    config = InferenceEngineConfig(setup_timeout=60, request_timeout=60, health_check_timeout=2.0, health_check_interval=1.0)
+    config = InferenceEngineConfig(
+        setup_timeout=60, request_timeout=60, health_check_timeout=2.0, health_check_interval=1.0
+    )
     engine = RemoteSGLangEngine(config, [s.address for s in servers])
     workflow = RLVRWorkflow(one, GenerationHyperparameters(group_size=2, max_new_tokens=64), tokenizer)
     victim = servers[0]
@@ -34,7 +38,7 @@ def test_server_killed_mid_batch(tiny_model_dir, tokenizer, tmp_path):
         def run_batch() -> None:
             try:
                 result["batch"] = engine.rollout_batch(RECORDS, workflow)
-            except BaseException as e:  # noqa: BLE001 - inspected by the test below
+            except BaseException as e:
                 result["error"] = e
 
         thread = threading.Thread(target=run_batch, daemon=True)

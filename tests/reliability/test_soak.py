@@ -80,7 +80,9 @@ def test_soak_with_weight_updates(builtin_server, tiny_model_dir):
         thread.join(120)
         assert not thread.is_alive(), "requests still in flight 120 s after the soak ended"
         healthy = builtin_server.get("/health")[0]
-        assert rss_start is not None, f"the soak ended before {WARMUP_UPDATES} weight updates; raise AREALITE_SOAK_SECONDS"
+        assert rss_start is not None, (
+            f"the soak ended before {WARMUP_UPDATES} weight updates; raise AREALITE_SOAK_SECONDS"
+        )
         rss_growth_mb = (server_proc.memory_info().rss - rss_start) / 2**20
     finally:
         stop.set()
@@ -93,11 +95,17 @@ def test_soak_with_weight_updates(builtin_server, tiny_model_dir):
         n = len(resp.output_tokens)
         assert 1 <= n <= req.gconfig.max_new_tokens and resp.stop_reason in ("stop", "length")
         assert len(resp.output_logprobs) == n == len(resp.output_versions)
-        assert all(math.isfinite(lp) and lp <= tolerance(torch.float32) for lp in resp.output_logprobs)  # <= 0 up to rounding
+        assert all(
+            math.isfinite(lp) and lp <= tolerance(torch.float32) for lp in resp.output_logprobs
+        )  # <= 0 up to rounding
         assert resp.output_versions == sorted(resp.output_versions) and resp.output_versions[-1] <= version
     assert engine.stats["interruptions"] > 0, "no request was interrupted: the soak did not exercise pause/resume"
     assert healthy == 200, "the server is not healthy after the soak"
     measured = len(done) - done_at_start
-    assert rss_growth_mb < RSS_GROWTH_LIMIT_MB, f"server RSS grew {rss_growth_mb:.0f} MB over {measured} requests after warm-up"
-    print(f"soak: {len(done)} requests, {engine.stats['interruptions']} interruptions, {version} weight updates, "
-          f"server RSS {rss_growth_mb:+.0f} MB over the {measured} requests after warm-up")
+    assert rss_growth_mb < RSS_GROWTH_LIMIT_MB, (
+        f"server RSS grew {rss_growth_mb:.0f} MB over {measured} requests after warm-up"
+    )
+    print(
+        f"soak: {len(done)} requests, {engine.stats['interruptions']} interruptions, {version} weight updates, "
+        f"server RSS {rss_growth_mb:+.0f} MB over the {measured} requests after warm-up"
+    )

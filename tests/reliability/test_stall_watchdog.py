@@ -25,7 +25,9 @@ class GenerateOnce:
     async def arun_episode(self, engine, data):
         gconfig = GenerationHyperparameters(max_new_tokens=3, temperature=0.0)
         resp = await engine.agenerate(ModelRequest(input_ids=[5, 6, 7], gconfig=gconfig))
-        return trajectory_from_tokens([resp.input_tokens], [resp.output_tokens], [resp.output_logprobs], [resp.output_versions])
+        return trajectory_from_tokens(
+            [resp.input_tokens], [resp.output_tokens], [resp.output_logprobs], [resp.output_versions]
+        )
 
 
 class Stuck:
@@ -48,7 +50,9 @@ class Loader:
 
 @pytest.fixture
 def engine(builtin_server):
-    config = InferenceEngineConfig(setup_timeout=30, request_timeout=60, stall_timeout=STALL_S, health_check_timeout=2.0)
+    config = InferenceEngineConfig(
+        setup_timeout=30, request_timeout=60, stall_timeout=STALL_S, health_check_timeout=2.0
+    )
     engine = RemoteSGLangEngine(config, [builtin_server.address])
     engine.initialize()
     yield engine
@@ -70,7 +74,9 @@ def _raises_after_warning(caplog, call) -> RolloutStalledError:
 def test_all_servers_paused(engine, builtin_server, caplog):
     assert builtin_server.post("/pause_generation", {"mode": "in_place"})[0] == 200
     try:
-        error = _raises_after_warning(caplog, lambda: engine.rollout_batch([{"id": "p0"}, {"id": "p1"}], GenerateOnce()))
+        error = _raises_after_warning(
+            caplog, lambda: engine.rollout_batch([{"id": "p0"}, {"id": "p1"}], GenerateOnce())
+        )
     finally:
         assert builtin_server.post("/continue_generation", {})[0] == 200
     text = str(error)
@@ -106,7 +112,9 @@ def test_progress_resets_the_clock(engine, caplog):
         async def arun_episode(self, engine, data):
             for _ in range(4):  # 4 x 0.6 s > 2 x stall_timeout, each step a /generate call
                 await asyncio.sleep(0.6)
-                resp = await engine.agenerate(ModelRequest(input_ids=[5, 6], gconfig=GenerationHyperparameters(max_new_tokens=1)))
+                resp = await engine.agenerate(
+                    ModelRequest(input_ids=[5, 6], gconfig=GenerationHyperparameters(max_new_tokens=1))
+                )
             return {"input_ids": torch.tensor([resp.output_tokens])}
 
     with caplog.at_level("WARNING", logger="arealite.rollout.watchdog"):

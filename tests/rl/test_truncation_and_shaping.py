@@ -6,17 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arealite.config import ConfigError, GRPOConfig, GenerationHyperparameters, PPOActorConfig
-from arealite.train.advantage_estimation import estimate_advantages
-from arealite.stats.tracker import StatsTracker
-from arealite.stats.batch import batch_stats
+from arealite.config import ConfigError, GenerationHyperparameters, GRPOConfig, PPOActorConfig
 from arealite.rollout.dynamic_sampling import informative_rows, rewards_differ
+from arealite.stats.batch import batch_stats
+from arealite.stats.tracker import StatsTracker
+from arealite.train.advantage_estimation import estimate_advantages
 from tests.train.helpers import make_batch
 
 
 def _config(**actor) -> GRPOConfig:
-    return GRPOConfig(gconfig=GenerationHyperparameters(group_size=2, max_new_tokens=8),
-                      actor=PPOActorConfig(path="x", **actor))
+    return GRPOConfig(
+        gconfig=GenerationHyperparameters(group_size=2, max_new_tokens=8), actor=PPOActorConfig(path="x", **actor)
+    )
 
 
 def test_mask_no_eos_with_zero_drops_truncated_responses_from_the_loss_and_scores_them_zero():
@@ -100,9 +101,9 @@ def test_batch_stats_report_truncated_fraction_and_staleness():
 
 
 def test_asynchronous_filter_lets_a_group_through_after_the_search_bound():
+    from arealite.data.feed import DataFeed
     from arealite.data.loader import create_dataloader
     from arealite.rollout.dynamic_sampling import MAX_SAMPLED_BATCHES, DynamicSampler
-    from arealite.data.feed import DataFeed
 
     feed = DataFeed(create_dataloader([{"id": str(i)} for i in range(8)], batch_size=4))
     sampler = DynamicSampler(feed, group_size=2)

@@ -20,13 +20,17 @@ def start_server(model_path: str, log_dir: Path, port: int | None = None, extra_
 def start_servers(model_path: str, log_dir: Path, n: int) -> list[ServerProcess]:
     """`n` servers started side by side; all are stopped if any fails to start."""
     with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(launch_server_process, model_path, None, SERVER_ARGS, None, 120, str(log_dir / f"server-{i}.log"))
-                   for i in range(n)]
+        futures = [
+            pool.submit(
+                launch_server_process, model_path, None, SERVER_ARGS, None, 120, str(log_dir / f"server-{i}.log")
+            )
+            for i in range(n)
+        ]
     servers, errors = [], []
     for future in futures:
         try:
             servers.append(future.result())
-        except Exception as e:  # noqa: BLE001 - re-raised below after cleanup
+        except Exception as e:
             errors.append(e)
     if errors:
         for s in servers:

@@ -12,11 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout import RemoteSGLangEngine, WeightUpdateError
-from arealite.utils.net import free_ports
 from arealite.types import ModelRequest, WeightUpdateMeta
+from arealite.utils.net import free_ports
 from arealite.weight_sync.group import broadcast, init_custom_process_group
 from tests.tolerance import assert_close
-
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -25,7 +24,8 @@ def push(engine: RemoteSGLangEngine, pg, meta: WeightUpdateMeta, params: dict[st
     names = list(params)
     buckets = [names[i : i + 5] for i in range(0, len(names), 5)]  # several buckets, in order
     meta = dataclasses.replace(
-        meta, version=version,
+        meta,
+        version=version,
         buckets=[[(n, str(params[n].dtype), list(params[n].shape)) for n in bucket] for bucket in buckets],
     )
     engine.pause()
@@ -39,18 +39,27 @@ def push(engine: RemoteSGLangEngine, pg, meta: WeightUpdateMeta, params: dict[st
 
 
 def greedy(engine: RemoteSGLangEngine):
-    request = ModelRequest(input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=6, temperature=0.0))
+    request = ModelRequest(
+        input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=6, temperature=0.0)
+    )
     return asyncio.run(engine.agenerate(request))
 
 
 def test_distributed_update_changes_weights_and_versions(two_servers, tiny_model_dir):
-    engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [s.address for s in two_servers])
+    engine = RemoteSGLangEngine(
+        InferenceEngineConfig(setup_timeout=60, request_timeout=120), [s.address for s in two_servers]
+    )
     engine.initialize()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
     perturbed = {n: p + 0.5 * torch.randn_like(p) for n, p in original.items()}
-    meta = WeightUpdateMeta(type="distributed", master_address="127.0.0.1", master_port=free_ports(1)[0],
-                            group_name="rollout_test_group", backend="gloo")
+    meta = WeightUpdateMeta(
+        type="distributed",
+        master_address="127.0.0.1",
+        master_port=free_ports(1)[0],
+        group_name="rollout_test_group",
+        backend="gloo",
+    )
     try:
         with pytest.raises(WeightUpdateError, match="has no buckets"):
             engine.update_weights(meta).result(timeout=10)
@@ -75,7 +84,9 @@ def test_distributed_update_changes_weights_and_versions(two_servers, tiny_model
         # pause_mode=in_place (read per call): a long request stays on its server over the
         # broadcast and finishes with the perturbed weights; no flush is asked for (docs/protocol.md §3.9)
         engine.config.pause_mode = "in_place"
-        long = ModelRequest(input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=160, temperature=0.0))
+        long = ModelRequest(
+            input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=160, temperature=0.0)
+        )
         running = engine.loop.submit(engine.agenerate(long))
         while sum(s.get("/get_server_info")[1]["internal_states"][0]["num_running"] for s in two_servers) < 1:
             assert not running.done(), "the request finished before the sync; raise max_new_tokens"

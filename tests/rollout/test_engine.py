@@ -44,8 +44,13 @@ def gsm8k_records(shared_data, n: int) -> list[dict]:
     with open(shared_data / "gsm8k" / "test.jsonl") as f:
         for i, line in zip(range(n), f):
             row = json.loads(line)
-            out.append({"id": f"gsm8k-{i}", "messages": [{"role": "user", "content": row["question"]}],
-                        "answer": row["answer"].split("####")[-1].strip()})
+            out.append(
+                {
+                    "id": f"gsm8k-{i}",
+                    "messages": [{"role": "user", "content": row["question"]}],
+                    "answer": row["answer"].split("####")[-1].strip(),
+                }
+            )
     return out
 
 
@@ -104,7 +109,7 @@ def test_rollout_batch_rlvr(engine, tokenizer, shared_data):
     assert (batch["versions"][~batch["loss_mask"].bool()] == -1).all()
     assert (batch["logprobs"][~batch["loss_mask"].bool()] == 0).all()
     assert (batch["logprobs"][batch["loss_mask"].bool()] < 0).all()
-    prompt_lens = (batch["attention_mask"].long().sum(1) - generated)
+    prompt_lens = batch["attention_mask"].long().sum(1) - generated
     assert (prompt_lens.view(4, 3) == prompt_lens.view(4, 3)[:, :1]).all()  # one prompt per group
     assert set(batch["rewards"].tolist()) <= {0.0, 1.0}
     assert workflow.stats["episodes"] >= 4
@@ -114,7 +119,9 @@ def test_pause_holds_new_requests_until_resume(engine):
     engine.pause()
     try:
         assert engine.paused
-        future = engine.loop.submit(engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GenerationHyperparameters(max_new_tokens=3))))
+        future = engine.loop.submit(
+            engine.agenerate(ModelRequest(input_ids=[1, 2], gconfig=GenerationHyperparameters(max_new_tokens=3)))
+        )
         time.sleep(1.0)
         assert not future.done()
     finally:
@@ -133,7 +140,9 @@ def test_update_weights_from_disk_sets_versions(engine, tiny_model_dir, tmp_path
     resp = asyncio.run(engine.agenerate(request))
     assert resp.output_versions == [1] * resp.output_len
     with pytest.raises(WeightUpdateError, match="update_weights_from_disk returned 400"):
-        engine.update_weights(WeightUpdateMeta(type="disk", path=str(tmp_path / "missing"), version=2)).result(timeout=60)
+        engine.update_weights(WeightUpdateMeta(type="disk", path=str(tmp_path / "missing"), version=2)).result(
+            timeout=60
+        )
     with pytest.raises(WeightUpdateError, match="needs path="):
         engine.update_weights(WeightUpdateMeta(type="disk", path="", version=2)).result(timeout=60)
     engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights), version=0)).result(timeout=60)

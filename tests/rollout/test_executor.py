@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.interfaces import RolloutWorkflow
 from arealite.rollout import RemoteSGLangEngine, RolloutWorkflowError
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest, WeightUpdateMeta
-from arealite.interfaces import RolloutWorkflow
 
 from .test_staleness import ListLoader
 
@@ -41,15 +41,19 @@ class ScriptedRewardWorkflow(RolloutWorkflow):
         finally:
             self.active -= 1
         traj = trajectory_from_tokens(
-            [r.input_tokens for r in resps], [r.output_tokens for r in resps],
-            [r.output_logprobs for r in resps], [r.output_versions for r in resps],
+            [r.input_tokens for r in resps],
+            [r.output_tokens for r in resps],
+            [r.output_logprobs for r in resps],
+            [r.output_versions for r in resps],
         )
         traj["rewards"] = torch.tensor(data["rewards"], dtype=torch.float32)
         return traj
 
 
 def make_engine(servers, **kw) -> RemoteSGLangEngine:
-    engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=60, **kw), [s.address for s in servers])
+    engine = RemoteSGLangEngine(
+        InferenceEngineConfig(setup_timeout=60, request_timeout=60, **kw), [s.address for s in servers]
+    )
     engine.initialize()
     return engine
 

@@ -44,7 +44,9 @@ def test_killed_server_fails_over_and_rejoins(tiny_model_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     records = [{"id": f"r{i}", "prompt": f"Problem {i}: add {i} and {i}.", "answer": str(2 * i)} for i in range(6)]
     workflow = RLVRWorkflow(gsm8k_reward_fn, GenerationHyperparameters(group_size=GROUP, max_new_tokens=120), tokenizer)
-    config = InferenceEngineConfig(setup_timeout=60, request_timeout=60, health_check_interval=0.5, health_check_timeout=5)
+    config = InferenceEngineConfig(
+        setup_timeout=60, request_timeout=60, health_check_interval=0.5, health_check_timeout=5
+    )
     engine = RemoteSGLangEngine(config, [s.address for s in servers])
     restarted = None
     try:
@@ -101,7 +103,9 @@ def test_hung_server_is_detected_by_probes_and_rejoins(tiny_model_dir, tmp_path)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     records = [{"id": f"h{i}", "prompt": f"Task {i}: double {i}.", "answer": str(2 * i)} for i in range(4)]
     workflow = RLVRWorkflow(gsm8k_reward_fn, GenerationHyperparameters(group_size=GROUP, max_new_tokens=120), tokenizer)
-    config = InferenceEngineConfig(setup_timeout=60, request_timeout=120, health_check_interval=0.5, health_check_timeout=3)
+    config = InferenceEngineConfig(
+        setup_timeout=60, request_timeout=120, health_check_interval=0.5, health_check_timeout=3
+    )
     engine = RemoteSGLangEngine(config, [s.address for s in servers])
     frozen = None
     try:

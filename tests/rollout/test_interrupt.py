@@ -26,8 +26,12 @@ def test_update_weights_during_generation(two_servers, tiny_model_dir, tmp_path)
     shutil.copytree(tiny_model_dir, weights)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     records = [{"id": f"r{i}", "prompt": f"Question {i}: what is {i} times 3?", "answer": str(3 * i)} for i in range(6)]
-    workflow = RLVRWorkflow(gsm8k_reward_fn, GenerationHyperparameters(group_size=GROUP, max_new_tokens=BUDGET), tokenizer)
-    engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [s.address for s in two_servers])
+    workflow = RLVRWorkflow(
+        gsm8k_reward_fn, GenerationHyperparameters(group_size=GROUP, max_new_tokens=BUDGET), tokenizer
+    )
+    engine = RemoteSGLangEngine(
+        InferenceEngineConfig(setup_timeout=60, request_timeout=120), [s.address for s in two_servers]
+    )
     engine.initialize()
     try:
         engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights), version=0)).result(timeout=60)

@@ -59,9 +59,7 @@ def test_distributed_update_sends_each_bucket_in_order_and_flushes_after_the_las
 def test_a_server_that_dies_during_an_update_leaves_the_rotation():
     """A transport error plus a failed liveness check: out of rotation, the update goes on."""
     dead = TransientServerError("connection refused", B)
-    transport, pool, _, _, weights, _ = _parts(
-        {(B, "/update_weights_from_disk"): dead, (B, "/get_model_info"): dead}
-    )
+    transport, pool, _, _, weights, _ = _parts({(B, "/update_weights_from_disk"): dead, (B, "/get_model_info"): dead})
     _run(weights.aupdate(WeightUpdateMeta(type="disk", path="/w", version=1)))
     assert pool.healthy == [A] and pool.failovers == 1
 
@@ -94,6 +92,7 @@ def test_init_group_bodies_give_each_server_its_rank():
 
 def test_generation_resubmits_after_an_abort_with_the_remaining_budget():
     """An abort reply with 2 tokens: the next /generate carries them in its prompt and asks for 2 fewer."""
+
     def reply(tokens, finish):
         logprobs = [[-0.1, t, None] for t in tokens]
         meta = {"finish_reason": {"type": finish}, "output_token_logprobs": logprobs}

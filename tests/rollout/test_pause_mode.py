@@ -39,7 +39,9 @@ def new_weights(tmp_path_factory) -> str:
 @contextmanager
 def open_engine(servers, tiny_model_dir: str, mode: str, **kw):
     """An engine whose servers serve the tiny model as version 0; they do again afterwards."""
-    config = InferenceEngineConfig(pause_mode=mode, setup_timeout=60, request_timeout=120, health_check_interval=0.5, **kw)
+    config = InferenceEngineConfig(
+        pause_mode=mode, setup_timeout=60, request_timeout=120, health_check_interval=0.5, **kw
+    )
     engine = RemoteSGLangEngine(config, [s.address for s in servers])
     engine.initialize()
     try:
@@ -122,7 +124,9 @@ def test_sync_to_new_weights_keeps_requests(mode, two_servers, tiny_model_dir, n
     gconfig = GenerationHyperparameters(max_new_tokens=BUDGET, temperature=1.0, sampling_seed=7)
     held = []
     with open_engine(two_servers, tiny_model_dir, mode) as engine:
-        resps = generate(engine, two_servers, PROMPTS, gconfig, lambda: held.append(sync(engine, two_servers, new_weights, 1)))
+        resps = generate(
+            engine, two_servers, PROMPTS, gconfig, lambda: held.append(sync(engine, two_servers, new_weights, 1))
+        )
         assert engine.stats["interruptions"] == 0 and all(r.n_interruptions == 0 for r in resps)
 
     old_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
@@ -154,7 +158,9 @@ def test_in_place_sync_to_same_weights_matches_uninterrupted_greedy(two_servers,
     with open_engine(two_servers, tiny_model_dir, "in_place") as engine:
         plain = generate(engine, two_servers, PROMPTS, gconfig)
         held = []
-        synced = generate(engine, two_servers, PROMPTS, gconfig, lambda: held.append(sync(engine, two_servers, tiny_model_dir, 1)))
+        synced = generate(
+            engine, two_servers, PROMPTS, gconfig, lambda: held.append(sync(engine, two_servers, tiny_model_dir, 1))
+        )
         assert engine.stats["interruptions"] == 0
     assert held[0] >= 1, "no request was in flight at the sync; raise BUDGET"
     for a, b in zip(plain, synced):
@@ -173,7 +179,9 @@ def test_trajectory_spanning_syncs_is_requeued_when_too_stale(two_servers, tiny_
     # min_new_tokens = budget: no early EOS, so the episode is surely running at both syncs
     gconfig = GenerationHyperparameters(group_size=1, max_new_tokens=BUDGET, min_new_tokens=BUDGET)
     workflow = RLVRWorkflow(gsm8k_reward_fn, gconfig, tokenizer)
-    with open_engine(two_servers, tiny_model_dir, "in_place", max_head_offpolicyness=1, consumer_batch_size=1) as engine:
+    with open_engine(
+        two_servers, tiny_model_dir, "in_place", max_head_offpolicyness=1, consumer_batch_size=1
+    ) as engine:
         engine.submit({"id": "r0", "prompt": "What is 2 + 2?", "answer": "4"}, workflow)
         wait_running(two_servers, 1)
         held = [sync(engine, two_servers, tiny_model_dir, v) for v in (1, 2)]

@@ -71,28 +71,51 @@ def test_parse_0_5_23_style_reply_with_output_ids():
 
 
 def test_parse_old_reply_without_output_ids_and_default_version():
-    reply = {"text": "x", "meta_info": {"id": "a", "finish_reason": {"type": "length", "length": 2},
-                                        "output_token_logprobs": [[-1.0, 11, None], [-2.0, 12, None]]}}
+    reply = {
+        "text": "x",
+        "meta_info": {
+            "id": "a",
+            "finish_reason": {"type": "length", "length": 2},
+            "output_token_logprobs": [[-1.0, 11, None], [-2.0, 12, None]],
+        },
+    }
     chunk = parse_generate_reply(reply)
     assert chunk.tokens == [11, 12] and chunk.server_version is None
     assert token_versions(chunk, sent_version=9) == [9, 9]
 
 
 def test_parse_weight_version_spans():
-    reply = {"output_ids": [1, 2, 3, 4], "meta_info": {
-        "id": "a", "finish_reason": {"type": "length"}, "weight_version": "2",
-        "weight_versions": [{"version": "1", "start": 0, "end": 2}, {"version": "2", "start": 2, "end": 4}],
-        "output_token_logprobs": [[-1.0, t, None] for t in (1, 2, 3, 4)]}}
+    reply = {
+        "output_ids": [1, 2, 3, 4],
+        "meta_info": {
+            "id": "a",
+            "finish_reason": {"type": "length"},
+            "weight_version": "2",
+            "weight_versions": [{"version": "1", "start": 0, "end": 2}, {"version": "2", "start": 2, "end": 4}],
+            "output_token_logprobs": [[-1.0, t, None] for t in (1, 2, 3, 4)],
+        },
+    }
     assert token_versions(parse_generate_reply(reply), sent_version=1) == [1, 1, 2, 2]  # spans are exact
 
 
 def test_parse_aborts():
-    queued = {"meta_info": {"id": "a", "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
-                            "completion_tokens": 0, "output_token_logprobs": []}}
+    queued = {
+        "meta_info": {
+            "id": "a",
+            "finish_reason": {"type": "abort", "message": "Abort in waiting queue"},
+            "completion_tokens": 0,
+            "output_token_logprobs": [],
+        }
+    }
     chunk = parse_generate_reply(queued)
     assert chunk.finish_type == "abort" and chunk.tokens == [] and chunk.error_status is None
-    failed = {"meta_info": {"id": "a", "finish_reason": {"type": "abort", "message": "too long", "status_code": 400},
-                            "output_token_logprobs": []}}
+    failed = {
+        "meta_info": {
+            "id": "a",
+            "finish_reason": {"type": "abort", "message": "too long", "status_code": 400},
+            "output_token_logprobs": [],
+        }
+    }
     assert parse_generate_reply(failed).error_status == 400
 
 
@@ -102,7 +125,13 @@ def test_parse_aborts():
         ({"text": "x"}, "meta_info"),
         ({"meta_info": {"finish_reason": {"type": "weird"}, "output_token_logprobs": []}}, "finish_reason"),
         ({"meta_info": {"finish_reason": {"type": "stop"}}}, "return_logprob"),
-        ({"output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[0.0, 1, None]]}}, "2 output_ids but 1"),
+        (
+            {
+                "output_ids": [1, 2],
+                "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[0.0, 1, None]]},
+            },
+            "2 output_ids but 1",
+        ),
         ([{}, {}], "list of 2"),
     ],
 )

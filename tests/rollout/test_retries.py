@@ -15,8 +15,8 @@ from aiohttp import web
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout import GenerationError, RemoteSGLangEngine, ServerUnavailable
-from arealite.utils.net import free_ports
 from arealite.types import ModelRequest
+from arealite.utils.net import free_ports
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -36,8 +36,11 @@ class FlakyServer:
         self.calls += 1
         if self.calls <= self.failures:
             return web.json_response({"error": {"message": "overloaded"}}, status=self.status)
-        meta = {"id": "x", "finish_reason": {"type": "length", "length": 2},
-                "output_token_logprobs": [[-0.5, 9, None], [-0.25, 10, None]]}
+        meta = {
+            "id": "x",
+            "finish_reason": {"type": "length", "length": 2},
+            "output_token_logprobs": [[-0.5, 9, None], [-0.25, 10, None]],
+        }
         return web.json_response({"meta_info": meta})  # no output_ids: tokens come from the logprobs
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -93,6 +96,8 @@ def test_4xx_is_not_retried():
 def test_unreachable_server_at_startup_is_named():
     address = f"127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=1.0, health_check_timeout=0.5), [address])
-    with pytest.raises(ServerUnavailable, match=rf"servers \['{address}'\] did not answer /health within setup_timeout=1.0s"):
+    with pytest.raises(
+        ServerUnavailable, match=rf"servers \['{address}'\] did not answer /health within setup_timeout=1.0s"
+    ):
         engine.initialize()
     assert not engine.loop.running  # a failed initialize cleans up its thread

@@ -30,7 +30,9 @@ def test_grouped_heads_match_repeated_kv_for_prefill_and_decode():
 
 def test_runner_matches_eager_model_and_stays_finite_on_left_padding(tiny_model_dir):
     runner = ModelRunner(tiny_model_dir)
-    eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    eager = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
     logits, kv = runner.prefill(prompts, all_logits=True)
     assert torch.isfinite(logits).all()  # the padding rows of short prompts too

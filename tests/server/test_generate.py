@@ -21,7 +21,10 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def test_single_generate_shape(server):
-    status, out = server.post("/generate", {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 6, "temperature": 0}, "return_logprob": True})
+    status, out = server.post(
+        "/generate",
+        {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 6, "temperature": 0}, "return_logprob": True},
+    )
     assert status == 200, out
     meta = out["meta_info"]
     assert len(out["output_ids"]) == meta["completion_tokens"] == len(meta["output_token_logprobs"])
@@ -35,7 +38,11 @@ def test_single_generate_shape(server):
 def test_logprobs_match_plain_forward(server, hf_model, temperature):
     """Server logprobs == log_softmax(logits / T) of one plain forward, up to fp32 rounding."""
     prompts = _prompts(6, seed=1)
-    body = {"input_ids": prompts, "return_logprob": True, "sampling_params": {"max_new_tokens": 12, "temperature": temperature, "ignore_eos": True}}
+    body = {
+        "input_ids": prompts,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 12, "temperature": temperature, "ignore_eos": True},
+    }
     status, outs = server.post("/generate", body)
     assert status == 200, outs
     diffs, scale = [], []
@@ -56,7 +63,10 @@ def test_batched_greedy_equals_alone_and_reference(server, hf_model):
     lengths = [3 + 2 * i for i in range(10)]  # different lengths so rows leave at different steps
 
     def call(i):
-        body = {"input_ids": prompts[i], "sampling_params": {"max_new_tokens": lengths[i], "temperature": 0, "ignore_eos": True}}
+        body = {
+            "input_ids": prompts[i],
+            "sampling_params": {"max_new_tokens": lengths[i], "temperature": 0, "ignore_eos": True},
+        }
         return server.post("/generate", body)[1]["output_ids"]
 
     with ThreadPoolExecutor(10) as pool:

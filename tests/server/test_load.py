@@ -49,7 +49,9 @@ def test_running_requests_bounded(server, max_new_tokens, bound):
             state = server.get("/get_server_info", headers=AUTH)[1]["internal_states"][0]
             peak = max(peak, state["num_running"])
             time.sleep(0.005)
-    assert all(f.result()[0] == 200 and f.result()[1]["meta_info"]["completion_tokens"] == max_new_tokens for f in futures)
+    assert all(
+        f.result()[0] == 200 and f.result()[1]["meta_info"]["completion_tokens"] == max_new_tokens for f in futures
+    )
     assert peak == bound
 
 
@@ -68,7 +70,18 @@ BAD_BODIES = [
 async def _run_load(url: str, n_requests: int, n_clients: int, seed: int) -> tuple[int, int, list[str]]:
     """Closed-loop clients; returns (good answered, bad rejected with 400, problems)."""
     rng = random.Random(seed)
-    jobs = [("bad", rng.choice(BAD_BODIES)) if rng.random() < 0.2 else ("good", {"input_ids": [rng.randrange(512) for _ in range(rng.randint(1, 30))], "sampling_params": {"max_new_tokens": rng.randint(1, 6), "ignore_eos": True}}) for _ in range(n_requests)]
+    jobs = [
+        ("bad", rng.choice(BAD_BODIES))
+        if rng.random() < 0.2
+        else (
+            "good",
+            {
+                "input_ids": [rng.randrange(512) for _ in range(rng.randint(1, 30))],
+                "sampling_params": {"max_new_tokens": rng.randint(1, 6), "ignore_eos": True},
+            },
+        )
+        for _ in range(n_requests)
+    ]
     good = bad = 0
     problems: list[str] = []
 
@@ -78,7 +91,11 @@ async def _run_load(url: str, n_requests: int, n_clients: int, seed: int) -> tup
             kind, body = jobs.pop()
             async with session.post(f"{url}/generate", json=body, headers=AUTH) as r:
                 reply = await r.json()
-            if kind == "good" and r.status == 200 and reply["meta_info"]["completion_tokens"] == body["sampling_params"]["max_new_tokens"]:
+            if (
+                kind == "good"
+                and r.status == 200
+                and reply["meta_info"]["completion_tokens"] == body["sampling_params"]["max_new_tokens"]
+            ):
                 good += 1
             elif kind == "bad" and r.status == 400 and "error" in reply:
                 bad += 1
@@ -98,7 +115,9 @@ def test_load_with_bad_requests_mixed_in(server):
     rss_before = proc.memory_info().rss
     good, bad, problems = asyncio.run(_run_load(server.url, 1000, 200, seed=1))
     rss_after = proc.memory_info().rss
-    print(f"rss_before={rss_before / 2**20:.1f}MiB rss_after={rss_after / 2**20:.1f}MiB growth={rss_after / rss_before - 1:+.2%}")
+    print(
+        f"rss_before={rss_before / 2**20:.1f}MiB rss_after={rss_after / 2**20:.1f}MiB growth={rss_after / rss_before - 1:+.2%}"
+    )
     assert problems == []
     assert good + bad == 1000 and bad > 100
     assert rss_after <= 1.10 * rss_before, (rss_before, rss_after)

@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("peft", reason="building test adapters needs peft: pip install 'arealite[lora]'")
 
-from tests.server.conftest import start_server  # noqa: E402
-from tests.tolerance import tolerance  # noqa: E402
+from tests.server.conftest import start_server
+from tests.tolerance import tolerance
 
 pytestmark = pytest.mark.timeout(240)
 PROMPTS = [[5, 6, 7], [100, 200, 300, 400], [42]]
@@ -134,5 +134,7 @@ def test_a_server_without_enable_lora_refuses_adapters(server, adapters):
     assert status == 400 and "--enable-lora" in body["error_message"]
     status, body = server.post("/generate", {"input_ids": [1, 2], "lora_path": "a"})
     assert status == 400 and "LoRA is not enabled" in body["error"]["message"]
-    status, body = server.post("/generate", {"input_ids": [1, 2], "lora_path": None, "sampling_params": {"max_new_tokens": 1}})
+    status, body = server.post(
+        "/generate", {"input_ids": [1, 2], "lora_path": None, "sampling_params": {"max_new_tokens": 1}}
+    )
     assert status == 200, body  # null: the base model, as in SGLang

@@ -28,7 +28,11 @@ def _prompts(n: int) -> list[list[int]]:
 
 
 def _body(prompt: list[int], max_new: int) -> dict:
-    return {"input_ids": prompt, "return_logprob": True, "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}}
+    return {
+        "input_ids": prompt,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True},
+    }
 
 
 def test_pause_abort_with_32_in_flight_then_continue(server):
@@ -36,11 +40,17 @@ def test_pause_abort_with_32_in_flight_then_continue(server):
     with ThreadPoolExecutor(N + 1) as pool:
         futures = [pool.submit(server.post, "/generate", _body(p, BUDGET)) for p in prompts]
         _wait_running(server, N)
-        assert server.post("/pause_generation", {}) == (200, {"message": "Generation paused successfully.", "status": "ok"})
+        assert server.post("/pause_generation", {}) == (
+            200,
+            {"message": "Generation paused successfully.", "status": "ok"},
+        )
         try:
             partials, resumed = _check_aborted_and_resubmit(server, pool, futures, prompts)
         finally:
-            assert server.post("/continue_generation", {}) == (200, {"message": "Generation continued successfully.", "status": "ok"})
+            assert server.post("/continue_generation", {}) == (
+                200,
+                {"message": "Generation continued successfully.", "status": "ok"},
+            )
         continued = [f.result(120)[1] for f in resumed]
     assert all(c["meta_info"]["finish_reason"]["type"] == "length" for c in continued)
     # Nothing lost: partial + continuation is the uninterrupted greedy output.
@@ -104,7 +114,9 @@ def _check_aborted_and_resubmit(server, pool, futures, prompts):
         partials.append(out["output_ids"])
 
     # Requests sent while paused wait (no error, no 503) until continue.
-    resumed = [pool.submit(server.post, "/generate", _body(p + part, BUDGET - len(part))) for p, part in zip(prompts, partials)]
+    resumed = [
+        pool.submit(server.post, "/generate", _body(p + part, BUDGET - len(part))) for p, part in zip(prompts, partials)
+    ]
     time.sleep(0.5)
     assert not any(f.done() for f in resumed)
     assert server.get("/ready")[0] == 503 and server.get("/health")[0] == 200

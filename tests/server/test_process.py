@@ -46,7 +46,9 @@ def test_server_left_running_is_stopped_at_exit(tiny_model_dir):
         """
     )  # exits without stopping the server
     env = dict(os.environ, PYTHONPATH=REPO_ROOT)
-    proc = subprocess.run([sys.executable, "-c", script, tiny_model_dir, *ARGS], env=env, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, tiny_model_dir, *ARGS], env=env, capture_output=True, text=True, timeout=150
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     pid = int(proc.stdout.split("PID", 1)[1].split()[0])
     assert _gone(pid), f"server {pid} outlived the process that started it"

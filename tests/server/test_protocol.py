@@ -7,6 +7,7 @@ import socket
 import time
 
 import pytest
+
 from tests.tolerance import close
 
 pytestmark = pytest.mark.timeout(180)
@@ -51,16 +52,34 @@ def test_flush_cache_when_idle(server):
 
 # ---- generate forms -----------------------------------------------------------------------
 def test_text_prompt_and_stop_trimming(server):
-    status, out = gen(server, input_ids=None, text="What is 1 + 2?", sampling_params={"max_new_tokens": 8, "temperature": 0})
+    status, out = gen(
+        server, input_ids=None, text="What is 1 + 2?", sampling_params={"max_new_tokens": 8, "temperature": 0}
+    )
     assert status == 200 and out["meta_info"]["prompt_tokens"] > 0
     # A stop string taken from the greedy text must stop there and be cut from `text` only.
-    full = gen(server, input_ids=[9, 8, 7], sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})[1]
+    full = gen(
+        server, input_ids=[9, 8, 7], sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
+    )[1]
     stop = full["text"][4:6]
     assert stop.strip(), full["text"]
-    out = gen(server, input_ids=[9, 8, 7], sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop": [stop]})[1]
+    out = gen(
+        server,
+        input_ids=[9, 8, 7],
+        sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop": [stop]},
+    )[1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert stop not in out["text"] and full["text"].startswith(out["text"])
-    kept = gen(server, input_ids=[9, 8, 7], sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop": stop, "no_stop_trim": True})[1]
+    kept = gen(
+        server,
+        input_ids=[9, 8, 7],
+        sampling_params={
+            "max_new_tokens": 24,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stop": stop,
+            "no_stop_trim": True,
+        },
+    )[1]
     assert kept["text"].endswith(stop) or stop in kept["text"]
     assert kept["output_ids"] == out["output_ids"]
 
@@ -69,11 +88,15 @@ def test_stop_token_ids_and_min_new_tokens(server):
     full = gen(server, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})[1]["output_ids"]
     target = full[3]
     first = full.index(target)
-    out = gen(server, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True, "stop_token_ids": [target]})[1]
+    out = gen(
+        server, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True, "stop_token_ids": [target]}
+    )[1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": target}
     assert out["output_ids"] == full[: first + 1]  # the stop token stays in output_ids
     # min_new_tokens bans stop tokens until reached.
-    out = gen(server, sampling_params={"max_new_tokens": 10, "min_new_tokens": 10, "temperature": 0, "stop_token_ids": full})[1]
+    out = gen(
+        server, sampling_params={"max_new_tokens": 10, "min_new_tokens": 10, "temperature": 0, "stop_token_ids": full}
+    )[1]
     assert len(out["output_ids"]) == 10 and out["meta_info"]["finish_reason"]["type"] == "length"
 
 
@@ -90,19 +113,29 @@ def test_max_new_tokens_zero_and_default(server):
 
 
 def test_batch_forms_and_rids(server):
-    status, outs = gen(server, input_ids=[[1, 2], [3, 4, 5]], rid="job", sampling_params=[{"max_new_tokens": 2}, {"max_new_tokens": 3}])
+    status, outs = gen(
+        server, input_ids=[[1, 2], [3, 4, 5]], rid="job", sampling_params=[{"max_new_tokens": 2}, {"max_new_tokens": 3}]
+    )
     assert status == 200 and [o["meta_info"]["id"] for o in outs] == ["job_0", "job_1"]
     assert [o["meta_info"]["completion_tokens"] for o in outs] == [2, 3]
-    status, outs = gen(server, input_ids=None, text=["a b", "c d"], rid=["x", "y"], sampling_params={"max_new_tokens": 1})
+    status, outs = gen(
+        server, input_ids=None, text=["a b", "c d"], rid=["x", "y"], sampling_params={"max_new_tokens": 1}
+    )
     assert [o["meta_info"]["id"] for o in outs] == ["x", "y"]
-    status, outs = gen(server, input_ids=[[1, 2], [3, 4]], return_logprob=[True, False], sampling_params={"max_new_tokens": 2})
+    status, outs = gen(
+        server, input_ids=[[1, 2], [3, 4]], return_logprob=[True, False], sampling_params={"max_new_tokens": 2}
+    )
     assert "output_token_logprobs" in outs[0]["meta_info"] and "output_token_logprobs" not in outs[1]["meta_info"]
 
 
 def test_parallel_sampling_n(server):
-    status, outs = gen(server, input_ids=[[1, 2], [3, 4]], rid="r", sampling_params={"max_new_tokens": 6, "n": 3, "temperature": 1.0})
+    status, outs = gen(
+        server, input_ids=[[1, 2], [3, 4]], rid="r", sampling_params={"max_new_tokens": 6, "n": 3, "temperature": 1.0}
+    )
     assert status == 200 and len(outs) == 6
-    assert len({o["meta_info"]["id"] for o in outs}) == 6 and all(not o["meta_info"]["id"].startswith("r") for o in outs)
+    assert len({o["meta_info"]["id"] for o in outs}) == 6 and all(
+        not o["meta_info"]["id"].startswith("r") for o in outs
+    )
     assert [o["meta_info"]["prompt_tokens"] for o in outs] == [2] * 6
     assert len({tuple(o["output_ids"]) for o in outs[:3]}) > 1  # independent samples
 
@@ -118,18 +151,33 @@ def test_seeded_sampling_and_greedy_threshold(server):
 
 
 def test_truncation_knobs_change_sampling(server):
-    top1 = gen(server, sampling_params={"max_new_tokens": 8, "top_k": 1, "temperature": 1.0, "ignore_eos": True})[1]["output_ids"]
+    top1 = gen(server, sampling_params={"max_new_tokens": 8, "top_k": 1, "temperature": 1.0, "ignore_eos": True})[1][
+        "output_ids"
+    ]
     greedy = gen(server, sampling_params={"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})[1]["output_ids"]
     assert top1 == greedy
-    tiny_p = gen(server, sampling_params={"max_new_tokens": 8, "top_p": 1e-6, "temperature": 1.0, "ignore_eos": True})[1]["output_ids"]
+    tiny_p = gen(server, sampling_params={"max_new_tokens": 8, "top_p": 1e-6, "temperature": 1.0, "ignore_eos": True})[
+        1
+    ]["output_ids"]
     assert tiny_p == greedy
-    full_min_p = gen(server, sampling_params={"max_new_tokens": 8, "min_p": 1.0, "temperature": 1.0, "ignore_eos": True})[1]["output_ids"]
+    full_min_p = gen(
+        server, sampling_params={"max_new_tokens": 8, "min_p": 1.0, "temperature": 1.0, "ignore_eos": True}
+    )[1]["output_ids"]
     assert full_min_p == greedy
 
 
 def test_penalties_discourage_repeats(server):
     plain = gen(server, sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True})[1]["output_ids"]
-    pen = gen(server, sampling_params={"max_new_tokens": 30, "temperature": 0, "ignore_eos": True, "frequency_penalty": 2.0, "presence_penalty": 2.0})[1]["output_ids"]
+    pen = gen(
+        server,
+        sampling_params={
+            "max_new_tokens": 30,
+            "temperature": 0,
+            "ignore_eos": True,
+            "frequency_penalty": 2.0,
+            "presence_penalty": 2.0,
+        },
+    )[1]["output_ids"]
     assert len(set(plain)) < len(plain), "the tiny model repeats itself greedily"
     assert len(set(pen)) > len(set(plain))
 
@@ -142,11 +190,21 @@ def test_logit_bias_and_skip_special_tokens(server):
     assert out["text"] == "<|im_end|>" * 3
     # Without ignore_eos the forced EOS stops at once; output_ids keep it, text drops it.
     out = gen(server, sampling_params={**forced, "ignore_eos": False, "skip_special_tokens": False})[1]
-    assert out["output_ids"] == [EOS] and out["text"] == "" and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": EOS}
+    assert (
+        out["output_ids"] == [EOS]
+        and out["text"] == ""
+        and out["meta_info"]["finish_reason"] == {"type": "stop", "matched": EOS}
+    )
 
 
 def test_top_logprobs_and_text_in_logprobs(server):
-    out = gen(server, return_logprob=True, top_logprobs_num=3, return_text_in_logprobs=True, sampling_params={"max_new_tokens": 4, "temperature": 0})[1]
+    out = gen(
+        server,
+        return_logprob=True,
+        top_logprobs_num=3,
+        return_text_in_logprobs=True,
+        sampling_params={"max_new_tokens": 4, "temperature": 0},
+    )[1]
     meta = out["meta_info"]
     assert len(meta["output_top_logprobs"]) == 4 and all(len(pos) == 3 for pos in meta["output_top_logprobs"])
     for pos, chosen in zip(meta["output_top_logprobs"], meta["output_token_logprobs"]):
@@ -159,7 +217,12 @@ def test_top_logprobs_and_text_in_logprobs(server):
 
 
 def test_stream_chunks(server):
-    body = {"input_ids": [[1, 2], [3, 4]], "stream": True, "return_logprob": True, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "input_ids": [[1, 2], [3, 4]],
+        "stream": True,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
+    }
     status, text = server.post("/generate", body)
     assert status == 200
     lines = [line for line in text.split("\n\n") if line]
@@ -180,7 +243,9 @@ def _is_message_error(reply, fragment: str) -> bool:
 
 
 def test_value_errors_are_400_with_message(server):
-    assert _is_message_error(server.post("/generate", {"sampling_params": {}}), "Either text, input_ids or input_embeds")
+    assert _is_message_error(
+        server.post("/generate", {"sampling_params": {}}), "Either text, input_ids or input_embeds"
+    )
     assert _is_message_error(gen(server, input_ids=[]), "input_ids cannot be empty")
     assert _is_message_error(gen(server, sampling_params={"top_p": 0}), "top_p must be in (0, 1]")
     assert _is_message_error(gen(server, sampling_params={"temperature": -1}), "temperature")
@@ -188,17 +253,33 @@ def test_value_errors_are_400_with_message(server):
     assert _is_message_error(gen(server, sampling_params={"frequency_penalty": 3}), "frequency_penalty")
     assert _is_message_error(gen(server, sampling_params={"max_new_tokens": -1}), "max_new_tokens")
     assert _is_message_error(gen(server, sampling_params={"min_new_tokens": 5, "max_new_tokens": 2}), "min_new_tokens")
-    assert _is_message_error(gen(server, input_ids=[1] * CONTEXT), f"longer than the model's context length ({CONTEXT} tokens)")
-    assert _is_message_error(gen(server, input_ids=[1] * 1000, sampling_params={"max_new_tokens": 25}), "You requested a total of 1025 tokens")
+    assert _is_message_error(
+        gen(server, input_ids=[1] * CONTEXT), f"longer than the model's context length ({CONTEXT} tokens)"
+    )
+    assert _is_message_error(
+        gen(server, input_ids=[1] * 1000, sampling_params={"max_new_tokens": 25}),
+        "You requested a total of 1025 tokens",
+    )
     assert _is_message_error(gen(server, input_ids=[1, 100000]), "outside the vocabulary")
     assert _is_message_error(gen(server, input_ids=[[1], [2]], rid=["a"]), "rids length mismatch")
-    assert _is_message_error(gen(server, input_ids=[[1], [2]], return_logprob=[True, True], sampling_params={"n": 2}), "Cannot use list return_logprob")
+    assert _is_message_error(
+        gen(server, input_ids=[[1], [2]], return_logprob=[True, True], sampling_params={"n": 2}),
+        "Cannot use list return_logprob",
+    )
     assert _is_message_error(gen(server, logprob_start_len=3), "logprob_start_len")
-    assert gen(server, input_ids=[1, 2], sampling_params={"max_new_tokens": 24})[0] == 200  # exactly at the limit is fine
+    assert (
+        gen(server, input_ids=[1, 2], sampling_params={"max_new_tokens": 24})[0] == 200
+    )  # exactly at the limit is fine
 
 
 def test_contract_errors_are_400_with_plain_string(server):
-    for bad in ({"sampling_params": {"foo": 1}}, {"sampling_params": {"max_new_tokens": 8.0}}, {"input_ids": [1.5, 2]}, {"sampling_params": {"ignore_eos": 1}}, {"stream": "yes"}):
+    for bad in (
+        {"sampling_params": {"foo": 1}},
+        {"sampling_params": {"max_new_tokens": 8.0}},
+        {"input_ids": [1.5, 2]},
+        {"sampling_params": {"ignore_eos": 1}},
+        {"stream": "yes"},
+    ):
         status, body = gen(server, **bad)
         assert status == 400 and isinstance(body["error"], str), (bad, body)
     assert "unknown field `foo`" in gen(server, sampling_params={"foo": 1})[1]["error"]
@@ -206,7 +287,13 @@ def test_contract_errors_are_400_with_plain_string(server):
 
 
 def test_bad_bodies_are_400_object_error(server):
-    for path in ("/generate", "/pause_generation", "/continue_generation", "/abort_request", "/update_weights_from_disk"):
+    for path in (
+        "/generate",
+        "/pause_generation",
+        "/continue_generation",
+        "/abort_request",
+        "/update_weights_from_disk",
+    ):
         status, body = server.post(path, b"{not json")
         assert status == 400 and body["object"] == "error" and body["code"] == 400, (path, body)
     status, body = server.post("/pause_generation", b"")  # 0.5.6+: the body is required
@@ -234,7 +321,11 @@ def _wait_running(server, n: int = 1) -> None:
 def test_duplicate_rid_while_active(server):
     from concurrent.futures import ThreadPoolExecutor
 
-    long = {"input_ids": [1, 2], "rid": "dup", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True, "temperature": 0}}
+    long = {
+        "input_ids": [1, 2],
+        "rid": "dup",
+        "sampling_params": {"max_new_tokens": 900, "ignore_eos": True, "temperature": 0},
+    }
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(server.post, "/generate", long)
         _wait_running(server)
@@ -247,14 +338,24 @@ def test_duplicate_rid_while_active(server):
 def test_abort_request_by_rid(server):
     from concurrent.futures import ThreadPoolExecutor
 
-    long = {"input_ids": [1, 2], "rid": "victim", "return_logprob": True, "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    long = {
+        "input_ids": [1, 2],
+        "rid": "victim",
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 900, "ignore_eos": True},
+    }
     with ThreadPoolExecutor(1) as pool:
         future = pool.submit(server.post, "/generate", long)
         _wait_running(server)
         assert server.post("/abort_request", {"rid": "victim"}) == (200, "")
         status, out = future.result(60)
     meta = out["meta_info"]
-    assert status == 200 and meta["finish_reason"] == {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+    assert status == 200 and meta["finish_reason"] == {
+        "type": "abort",
+        "message": "Aborted",
+        "status_code": None,
+        "err_type": None,
+    }
     assert 0 < len(out["output_ids"]) < 900 and len(meta["output_token_logprobs"]) == len(out["output_ids"])
     assert server.post("/abort_request", {"rid": "nobody"})[0] == 200
 

@@ -24,7 +24,9 @@ def naive_allowed(probs: list[float], top_k: int, top_p: float, min_p: float) ->
     return {i for i in kept if probs[i] >= min_p * probs[order[0]]}
 
 
-@pytest.mark.parametrize("top_k,top_p,min_p", [(-1, 1.0, 0.0), (3, 1.0, 0.0), (-1, 0.6, 0.0), (-1, 1.0, 0.3), (5, 0.8, 0.1)])
+@pytest.mark.parametrize(
+    "top_k,top_p,min_p", [(-1, 1.0, 0.0), (3, 1.0, 0.0), (-1, 0.6, 0.0), (-1, 1.0, 0.3), (5, 0.8, 0.1)]
+)
 def test_truncated_sampling_matches_naive_distribution(top_k, top_p, min_p):
     torch.manual_seed(0)
     logits = torch.randn(1, 12) * 2
@@ -47,11 +49,18 @@ def test_penalties_match_naive_loop():
     counts = torch.tensor([[0, 2, 1, 0, 0, 0, 3, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0, 0, 5]], dtype=torch.float)
     seen = counts > 0
     seen[0, 4] = True  # a prompt token: repetition penalty only
-    params = [SamplingParams(frequency_penalty=0.5, presence_penalty=0.25, repetition_penalty=1.3), SamplingParams(repetition_penalty=0.8)]
+    params = [
+        SamplingParams(frequency_penalty=0.5, presence_penalty=0.25, repetition_penalty=1.3),
+        SamplingParams(repetition_penalty=0.8),
+    ]
     expected = logits.clone()
     for b, p in enumerate(params):
         for v in range(10):
-            x = expected[b, v].item() - p.frequency_penalty * counts[b, v].item() - p.presence_penalty * float(counts[b, v] > 0)
+            x = (
+                expected[b, v].item()
+                - p.frequency_penalty * counts[b, v].item()
+                - p.presence_penalty * float(counts[b, v] > 0)
+            )
             if seen[b, v]:
                 x = x / p.repetition_penalty if x > 0 else x * p.repetition_penalty
             expected[b, v] = x
@@ -63,7 +72,11 @@ def test_penalties_match_naive_loop():
 def test_sample_logprobs_are_tempered_log_softmax():
     torch.manual_seed(3)
     logits = torch.randn(3, 20)
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5), SamplingParams(temperature=1.3, top_k=2)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.5),
+        SamplingParams(temperature=1.3, top_k=2),
+    ]
     gens = [torch.Generator().manual_seed(i) for i in range(3)]
     out = sample(logits, params, gens, top_logprobs_num=4)
     assert out.tokens[0] == logits[0].argmax()

@@ -68,14 +68,38 @@ def test_distributed_update_equals_fresh_server(server, new_model_dir, tmp_path)
     before = greedy(server)
     port, group = free_ports(1)[0], "weight_update_group"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, new_model_dir, str(port), group], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, new_model_dir, str(port), group],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        init = {"master_address": "127.0.0.1", "master_port": str(port), "rank_offset": 1, "world_size": 2, "group_name": group, "backend": "gloo"}
-        assert server.post("/init_weights_update_group", init, timeout=120) == (200, {"success": True, "message": "Succeeded to initialize custom process group."})
+        init = {
+            "master_address": "127.0.0.1",
+            "master_port": str(port),
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": group,
+            "backend": "gloo",
+        }
+        assert server.post("/init_weights_update_group", init, timeout=120) == (
+            200,
+            {"success": True, "message": "Succeeded to initialize custom process group."},
+        )
         specs = _specs(new_model_dir)
         half = len(specs) // 2
         for i, bucket in enumerate((specs[:half], specs[half:])):
-            body = {"names": [s[0] for s in bucket], "dtypes": [s[1] for s in bucket], "shapes": [s[2] for s in bucket], "group_name": group, "flush_cache": True, "abort_all_requests": True}
+            body = {
+                "names": [s[0] for s in bucket],
+                "dtypes": [s[1] for s in bucket],
+                "shapes": [s[2] for s in bucket],
+                "group_name": group,
+                "flush_cache": True,
+                "abort_all_requests": True,
+            }
             if i == 1:
                 body["weight_version"] = "v1"
             status, reply = server.post("/update_weights_from_distributed", body, timeout=120)
@@ -93,8 +117,14 @@ def test_distributed_update_equals_fresh_server(server, new_model_dir, tmp_path)
     assert server.get("/get_model_info")[1]["weight_version"] == "v1"
     status, out = server.post("/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}})
     assert out["meta_info"]["weight_version"] == "v1"
-    assert server.post("/destroy_weights_update_group", {"group_name": group}) == (200, {"success": True, "message": "Succeeded to destroy custom process group."})
-    assert server.post("/destroy_weights_update_group", {"group_name": group}) == (400, {"success": False, "message": "The group to be destroyed does not exist."})
+    assert server.post("/destroy_weights_update_group", {"group_name": group}) == (
+        200,
+        {"success": True, "message": "Succeeded to destroy custom process group."},
+    )
+    assert server.post("/destroy_weights_update_group", {"group_name": group}) == (
+        400,
+        {"success": False, "message": "The group to be destroyed does not exist."},
+    )
 
 
 def test_distributed_errors(server):
@@ -105,8 +135,13 @@ def test_distributed_errors(server):
     assert status == 400
     status, reply = server.post("/update_weights_from_distributed", {**body, "load_format": "flattened_bucket"})
     assert status == 400 and "load_format" in reply["message"]
-    init = {"master_address": "127.0.0.1", "master_port": free_ports(1)[0], "rank_offset": 1, "world_size": 2,
-            "backend": "mpi-ish"}
+    init = {
+        "master_address": "127.0.0.1",
+        "master_port": free_ports(1)[0],
+        "rank_offset": 1,
+        "world_size": 2,
+        "backend": "mpi-ish",
+    }
     status, reply = server.post("/init_weights_update_group", init)
     assert status == 400 and reply["message"].startswith("Failed to initialize custom process group")
     assert server.post("/init_weights_update_group", {"master_address": "127.0.0.1"})[0] == 400
@@ -116,7 +151,11 @@ def test_disk_update_version_and_failure(server, model_dir, hf_model):
     from tests.server.conftest import reference_greedy
 
     status, reply = server.post("/update_weights_from_disk", {"model_path": model_dir, "weight_version": "v2"})
-    assert status == 200 and reply == {"success": True, "message": "Succeeded to update model weights. Weight version updated to v2.", "num_paused_requests": 0}
+    assert status == 200 and reply == {
+        "success": True,
+        "message": "Succeeded to update model weights. Weight version updated to v2.",
+        "num_paused_requests": 0,
+    }
     outs = greedy(server)
     assert outs[0] == reference_greedy(hf_model, PROMPTS[0], 16)
     assert server.get("/get_model_info")[1]["weight_version"] == "v2"

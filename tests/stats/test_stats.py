@@ -133,7 +133,9 @@ def test_plot_writes_a_png_with_every_panel(tmp_path):
                "response_len": 2.5, "response_len_max": 4, "truncated_frac": 0.0, "staleness": 1.0, "staleness_max": 2,
                "time/step": 1.0, "time/rollout": 0.5, "time/advantages": 0.01, "dropped_groups": step}  # fmt: skip
         if step % 2 == 0:
-            row.update({"eval/version": step, "eval/pass@1": step / 10, "eval/pass@4": step / 5, "eval/maj@4": step / 8})
+            row.update(
+                {"eval/version": step, "eval/pass@1": step / 10, "eval/pass@4": step / 5, "eval/maj@4": step / 8}
+            )
         rows.append(row)
     with open(tmp_path / "stats.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -50,14 +50,23 @@ def test_chat_template_without_tools_is_plain_chatml(tiny_model_dir):
     ]
     expected = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in conv)
     assert tok.apply_chat_template(conv, tokenize=False) == expected
-    assert tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True) == expected + "<|im_start|>assistant\n"
+    assert (
+        tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+        == expected + "<|im_start|>assistant\n"
+    )
 
 
 def test_chat_template_renders_tools_like_qwen25(tiny_model_dir):
     """Tool calls and results use Qwen2.5's markup; only the tool list in the system turn is terser."""
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tool = {"type": "function", "function": {"name": "calculator", "description": "Evaluate it.",
-                                             "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate it.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
     call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}
     conv = [
         {"role": "system", "content": "Use tools."},

@@ -21,12 +21,17 @@ def test_demonstrations_follow_the_chat_template(tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     record = {"messages": [{"role": "user", "content": "37*58="}], "answer": "2146"}
     call, answer = calculator_demonstrations([record], tok)
-    assert call["completion"] == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37*58"}}\n</tool_call>'
+    assert (
+        call["completion"] == '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37*58"}}\n</tool_call>'
+    )
     assert answer["completion"] == "2146"
     # prompt + completion + EOS of the call, then the tool turn, is the answer's prompt
     turn = call["input_ids"] + tok.encode(call["completion"]) + [tok.eos_token_id]
     assert tok.decode(answer["input_ids"]).startswith(tok.decode(turn))
-    assert tok.decode(answer["input_ids"][len(turn) :]) == "\n<|im_start|>user\n<tool_response>\n2146\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tok.decode(answer["input_ids"][len(turn) :])
+        == "\n<|im_start|>user\n<tool_response>\n2146\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     assert call["input_ids"] == render_prompt(tok, record["messages"], [Calculator().schema()])
 
 

@@ -23,15 +23,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from arealite import world  # noqa: E402
-from arealite.config import GenerationHyperparameters, MicroBatchSpec, OptimizerConfig, PPOActorConfig  # noqa: E402
-from arealite.data.packing import select  # noqa: E402
-from arealite.train.actor import PPOActor  # noqa: E402
-from arealite.train.data_parallel import balance_across_ranks  # noqa: E402
-from arealite.weight_sync.buckets import broadcast_buckets, weight_buckets  # noqa: E402
-from arealite.weight_sync.distributed import Groups  # noqa: E402
-from arealite.types import WeightUpdateMeta  # noqa: E402
-from tests.train.helpers import make_batch  # noqa: E402
+from arealite import world
+from arealite.config import GenerationHyperparameters, MicroBatchSpec, OptimizerConfig, PPOActorConfig
+from arealite.data.packing import select
+from arealite.train.actor import PPOActor
+from arealite.train.data_parallel import balance_across_ranks
+from arealite.types import WeightUpdateMeta
+from arealite.weight_sync.buckets import broadcast_buckets, weight_buckets
+from arealite.weight_sync.distributed import Groups
+from tests.train.helpers import make_batch
 
 GLOBAL_LENS = [12, 5, 9, 7, 3, 10, 6, 8]
 
@@ -84,7 +84,7 @@ def _in_threads(fns) -> tuple[list[threading.Thread], list, list[Exception]]:
     def run(i, fn):
         try:
             results[i] = fn()
-        except Exception as e:  # noqa: BLE001 - surfaced below
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]

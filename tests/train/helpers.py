@@ -77,5 +77,7 @@ def run_ranks(world_size: int, args: list[str], timeout: float = 240.0) -> None:
         tails = []
         for rank, log in enumerate(logs):
             log.seek(0)
-            tails.append(f"--- rank {rank} (rc {procs[rank].returncode}) ---\n{log.read().decode(errors='replace')[-3000:]}")
+            tails.append(
+                f"--- rank {rank} (rc {procs[rank].returncode}) ---\n{log.read().decode(errors='replace')[-3000:]}"
+            )
         raise AssertionError("trainer ranks failed:\n" + "\n".join(tails))

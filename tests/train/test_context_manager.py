@@ -47,7 +47,9 @@ SCRIPT = textwrap.dedent(
 
 def test_actor_with_blocks_release_their_process_group(tiny_model_dir):
     env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1", AREALITE_TRAIN_DEVICE="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, tiny_model_dir], env=env, capture_output=True, text=True, timeout=150)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, tiny_model_dir], env=env, capture_output=True, text=True, timeout=150
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert result == {

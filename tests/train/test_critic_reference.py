@@ -24,7 +24,9 @@ torch.set_num_threads(2)
 
 @pytest.fixture(scope="module")
 def critic(tiny_model_dir) -> PPOCritic:
-    cfg = PPOCriticConfig(path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2), mb_spec=MicroBatchSpec(n_mbs=2))
+    cfg = PPOCriticConfig(
+        path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2), mb_spec=MicroBatchSpec(n_mbs=2)
+    )
     return PPOCritic(cfg).initialize()
 
 

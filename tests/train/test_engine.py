@@ -22,7 +22,9 @@ HIDDEN = 64  # the tiny model's hidden size: the longest dot product behind a lo
 
 
 def _engine(path: str, **mb) -> FSDPEngine:
-    cfg = TrainEngineConfig(path=path, dtype="float32", optimizer=OptimizerConfig(lr=1e-3), mb_spec=MicroBatchSpec(**mb))
+    cfg = TrainEngineConfig(
+        path=path, dtype="float32", optimizer=OptimizerConfig(lr=1e-3), mb_spec=MicroBatchSpec(**mb)
+    )
     return FSDPEngine(cfg).initialize()
 
 
@@ -109,7 +111,9 @@ def test_lr_schedules(kind):
 
 
 def test_checkpoint_resume_continues_identically(tiny_model_dir, tmp_path):
-    cfg = TrainEngineConfig(path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2, lr_scheduler_type="linear"))
+    cfg = TrainEngineConfig(
+        path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2, lr_scheduler_type="linear")
+    )
     batch = make_batch([9, 6, 7], seed=17)
     engine = FSDPEngine(cfg, total_optimizer_steps=4).initialize()
     engine.train_batch(batch, _logp_loss, _weight)
@@ -129,7 +133,9 @@ def test_bf16_mixed_precision_keeps_fp32_masters_and_stays_within_bf16_rounding(
     from torch.distributed.tensor import DTensor
 
     batch = make_batch([12, 5, 9, 7], seed=21)
-    bf16 = FSDPEngine(TrainEngineConfig(path=tiny_model_dir, dtype="bfloat16", optimizer=OptimizerConfig(lr=1e-3))).initialize()
+    bf16 = FSDPEngine(
+        TrainEngineConfig(path=tiny_model_dir, dtype="bfloat16", optimizer=OptimizerConfig(lr=1e-3))
+    ).initialize()
     fp32 = _engine(tiny_model_dir)
     assert bf16.compute_dtype == torch.bfloat16
     logits, ref = bf16.forward(batch), fp32.forward(batch)

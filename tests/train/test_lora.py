@@ -12,12 +12,20 @@ import torch
 
 pytest.importorskip("peft", reason="LoRA needs peft: pip install 'arealite[lora]'")
 
-from arealite.algo.losses import token_mean  # noqa: E402
-from arealite.config import ConfigError, GRPOConfig, LoRAConfig, OptimizerConfig, PPOCriticConfig, TrainEngineConfig, load_config  # noqa: E402
-from arealite.train.engine import FSDPEngine  # noqa: E402
-from arealite.train.logprobs import packed_token_logprobs  # noqa: E402
-from tests.tolerance import assert_close  # noqa: E402
-from tests.train.helpers import make_batch  # noqa: E402
+from arealite.algo.losses import token_mean
+from arealite.config import (
+    ConfigError,
+    GRPOConfig,
+    LoRAConfig,
+    OptimizerConfig,
+    PPOCriticConfig,
+    TrainEngineConfig,
+    load_config,
+)
+from arealite.train.engine import FSDPEngine
+from arealite.train.logprobs import packed_token_logprobs
+from tests.tolerance import assert_close
+from tests.train.helpers import make_batch
 
 torch.set_num_threads(2)
 HIDDEN = 64  # the tiny model's hidden size: the longest dot product behind a logit
@@ -56,13 +64,17 @@ def test_only_the_adapter_trains_and_saves_as_a_peft_folder(tiny_model_dir, tmp_
     for _ in range(2):
         engine.train_batch(batch, _loss, _weight)
     after = _full(engine.model)
-    assert {n for n in before if not torch.equal(before[n], after[n])} == adapter  # every adapter matrix moved, nothing else
+    assert {
+        n for n in before if not torch.equal(before[n], after[n])
+    } == adapter  # every adapter matrix moved, nothing else
 
     engine.save(str(tmp_path / "adapter"))
     assert sorted(os.listdir(tmp_path / "adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
     saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert (saved["r"], saved["lora_alpha"], sorted(saved["target_modules"])) == (4, 8.0, sorted(LORA.target_modules))
-    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), str(tmp_path / "adapter"))
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), str(tmp_path / "adapter")
+    )
     logits = engine.forward(batch)
     for b, n in enumerate(batch["attention_mask"].sum(-1).tolist()):
         assert_close(logits[b, :n], peft_model(input_ids=batch["input_ids"][b : b + 1, :n]).logits[0], n=HIDDEN)
@@ -94,7 +106,9 @@ def test_checkpoint_holds_adapter_and_optimizer_and_resumes_exactly(tiny_model_d
 
 def test_lora_settings_are_checked(tiny_model_dir):
     with pytest.raises(ValueError, match=r"\['qkv'\].*its linear layers are \[.*'q_proj'"):
-        FSDPEngine(TrainEngineConfig(path=tiny_model_dir, lora=LoRAConfig(target_modules=["q_proj", "qkv"]))).initialize()
+        FSDPEngine(
+            TrainEngineConfig(path=tiny_model_dir, lora=LoRAConfig(target_modules=["q_proj", "qkv"]))
+        ).initialize()
     with pytest.raises(ConfigError, match="actor.lora.rank=0 must be > 0"):
         LoRAConfig(rank=0)
     with pytest.raises(ConfigError, match="set weight_update=lora"):

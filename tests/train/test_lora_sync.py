@@ -11,14 +11,20 @@ import torch
 
 pytest.importorskip("peft", reason="LoRA needs peft: pip install 'arealite[lora]'")
 
-from arealite.config import GenerationHyperparameters, InferenceEngineConfig, LoRAConfig, OptimizerConfig, PPOActorConfig  # noqa: E402
-from arealite.rollout import RemoteSGLangEngine  # noqa: E402
-from arealite.server.process import launch_server_process  # noqa: E402
-from arealite.train.actor import PPOActor  # noqa: E402
-from arealite.types import ModelRequest  # noqa: E402
-from arealite.weight_sync import WeightSync  # noqa: E402
-from tests.tolerance import tolerance  # noqa: E402
-from tests.train.helpers import make_batch  # noqa: E402
+from arealite.config import (
+    GenerationHyperparameters,
+    InferenceEngineConfig,
+    LoRAConfig,
+    OptimizerConfig,
+    PPOActorConfig,
+)
+from arealite.rollout import RemoteSGLangEngine
+from arealite.server.process import launch_server_process
+from arealite.train.actor import PPOActor
+from arealite.types import ModelRequest
+from arealite.weight_sync import WeightSync
+from tests.tolerance import tolerance
+from tests.train.helpers import make_batch
 
 torch.set_num_threads(2)
 PROMPTS = [[5, 17, 42, 99], [300, 12], [7, 8, 9, 10, 11, 12], [250]]
@@ -41,7 +47,10 @@ def _sample(rollout: RemoteSGLangEngine) -> dict:
     gconfig = GenerationHyperparameters(max_new_tokens=12, temperature=1.0, stop_token_ids=[], sampling_seed=7)
     responses = [rollout.loop.run(rollout.agenerate(ModelRequest(input_ids=p, gconfig=gconfig))) for p in PROMPTS]
     T = max(r.input_len + r.output_len for r in responses)
-    batch = {k: torch.zeros(len(PROMPTS), T, dtype=torch.long) for k in ("input_ids", "attention_mask", "loss_mask", "versions")}
+    batch = {
+        k: torch.zeros(len(PROMPTS), T, dtype=torch.long)
+        for k in ("input_ids", "attention_mask", "loss_mask", "versions")
+    }
     batch["logprobs"] = torch.zeros(len(PROMPTS), T)
     for b, r in enumerate(responses):
         n, p = r.input_len + r.output_len, r.input_len
@@ -77,7 +86,9 @@ def sync_and_compare(tiny_model_dir: str, run_dir, dtype: str) -> list[dict]:
     """Train LoRA, sync it (twice) to a fresh --enable-lora server in `dtype`, and compare:
     per version, the mean |logprob| difference of the trainer and of the base model against
     what the server sampled with the adapter, plus the trainer's largest |logit|."""
-    lora = LoRAConfig(rank=4, alpha=16.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    lora = LoRAConfig(
+        rank=4, alpha=16.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
     args = ["--dtype", dtype, "--torch-threads", "1", "--skip-server-warmup", "--enable-lora", "--max-lora-rank", "4"]
     server = launch_server_process(tiny_model_dir, extra_args=args)
     rollout = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [server.address])
@@ -118,6 +129,10 @@ def sync_and_compare(tiny_model_dir: str, run_dir, dtype: str) -> list[dict]:
 def test_served_logprobs_follow_the_synced_adapter(tiny_model_dir, tmp_path):
     for version, f in enumerate(sync_and_compare(tiny_model_dir, tmp_path, "float32"), 1):
         bound = tolerance(torch.float32, HIDDEN) * f["mean_logprob"]  # fp32 rounding through 64-long dot products
-        print(f"version {version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base model vs server {f['base']:.2e}")
+        print(
+            f"version {version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base model vs server {f['base']:.2e}"
+        )
         assert f["trainer"] <= bound, f"trainer vs server mean |logprob diff| {f['trainer']} > {bound}"
-        assert f["base"] > 100 * bound, f"the served logprobs are the base model's ({f['base']}): the adapter was not applied"
+        assert f["base"] > 100 * bound, (
+            f"the served logprobs are the base model's ({f['base']}): the adapter was not applied"
+        )

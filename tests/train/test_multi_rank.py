@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from arealite.server.process import launch_server_process
-from tests.train import dist_worker
-from tests.tolerance import assert_close, close
 from arealite.utils.net import free_ports
+from tests.tolerance import assert_close, close
+from tests.train import dist_worker
 from tests.train.helpers import run_ranks
 from tests.train.server_utils import batch_from_results, generate
 
@@ -77,7 +77,12 @@ def _greedy(model, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
 @pytest.mark.timeout(400)
 def test_distributed_weight_sync_two_ranks_two_servers(tiny_model_dir, tmp_path):
     with ThreadPoolExecutor(2) as pool:
-        starts = [pool.submit(launch_server_process, tiny_model_dir, extra_args=["--dtype", "float32", "--skip-server-warmup"]) for _ in range(2)]
+        starts = [
+            pool.submit(
+                launch_server_process, tiny_model_dir, extra_args=["--dtype", "float32", "--skip-server-warmup"]
+            )
+            for _ in range(2)
+        ]
         servers = [f.result() for f in starts]
     try:
         params = {"max_new_tokens": 10, "temperature": 0.0, "ignore_eos": True}

@@ -31,7 +31,9 @@ def parity_bound(batch) -> float:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    proc = launch_server_process(tiny_model_dir, extra_args=["--dtype", "float32", "--torch-threads", "1", "--skip-server-warmup"])
+    proc = launch_server_process(
+        tiny_model_dir, extra_args=["--dtype", "float32", "--torch-threads", "1", "--skip-server-warmup"]
+    )
     yield proc
     proc.stop()
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from arealite.config import GRPOConfig, OptimizerConfig, TrainEngineConfig, load_config
+from arealite.config import OptimizerConfig, TrainEngineConfig
 from arealite.data.packing import pack
 from arealite.train.engine import FSDPEngine
 from arealite.train.sft import sft_batch, sft_loss, sft_step
@@ -73,7 +73,9 @@ def test_loss_equals_padded_naive_nll_and_packing_changes_nothing(tiny_model_dir
 
 @pytest.mark.timeout(120)
 def test_sft_steps_fit_a_batch(tiny_model_dir, tokenizer):
-    engine = FSDPEngine(TrainEngineConfig(path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=3e-3)), 20).initialize()
+    engine = FSDPEngine(
+        TrainEngineConfig(path=tiny_model_dir, dtype="float32", optimizer=OptimizerConfig(lr=3e-3)), 20
+    ).initialize()
     batch = sft_batch(RECORDS, tokenizer)
     losses = [sft_step(engine, batch)["loss"] for _ in range(20)]
     engine.destroy()

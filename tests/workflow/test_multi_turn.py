@@ -28,8 +28,15 @@ def segments(mask_row):
 
 def test_second_answer_after_feedback(server_engine, tokenizer):
     gconfig = GenerationHyperparameters(group_size=2, max_new_tokens=6)
-    workflow = MultiTurnWorkflow(wrong_until_feedback, gconfig, tokenizer, max_turns=3, turn_discount=0.5, feedback=FEEDBACK)
-    record = {"id": "q", "messages": [{"role": "user", "content": "What is 3 + 4?"}], "answer": "7", "feedback_marker": FEEDBACK}
+    workflow = MultiTurnWorkflow(
+        wrong_until_feedback, gconfig, tokenizer, max_turns=3, turn_discount=0.5, feedback=FEEDBACK
+    )
+    record = {
+        "id": "q",
+        "messages": [{"role": "user", "content": "What is 3 + 4?"}],
+        "answer": "7",
+        "feedback_marker": FEEDBACK,
+    }
     batch = server_engine.rollout_batch([record], workflow)
     assert batch["num_turns"].tolist() == [2, 2]
     assert batch["rewards"].tolist() == [0.5, 0.5]  # correct on the second turn: 1.0 * 0.5**1

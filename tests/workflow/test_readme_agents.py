@@ -30,13 +30,17 @@ def test_readme_tool(tool_tokenizer):
     assert asyncio.run(capital.arun({"country": "Japan"})) == "Tokyo"
     with pytest.raises(ToolError, match="Atlantis"):
         asyncio.run(capital.arun({"country": "Atlantis"}))
-    prompt = tool_tokenizer.decode(render_prompt(tool_tokenizer, [{"role": "user", "content": "?"}], [capital.schema()]))
+    prompt = tool_tokenizer.decode(
+        render_prompt(tool_tokenizer, [{"role": "user", "content": "?"}], [capital.schema()])
+    )
     assert "capital(country): The capital city of a country." in prompt
 
 
 def test_readme_agent_workflow(tool_engine, tool_tokenizer):
     workflow_class = section_code("Training agents written against the OpenAI client")["AgentWorkflow"]
-    workflow = workflow_class(GenerationHyperparameters(group_size=2, temperature=0.0, max_new_tokens=80), tool_tokenizer)
+    workflow = workflow_class(
+        GenerationHyperparameters(group_size=2, temperature=0.0, max_new_tokens=80), tool_tokenizer
+    )
     record = {"id": "q", "messages": [{"role": "user", "content": "12*34="}], "answer": "408"}
     batch = tool_engine.rollout_batch([record], workflow)
     assert batch["rewards"].tolist() == [1.0, 1.0]  # the tool-calling test model calls, reads 408, answers it

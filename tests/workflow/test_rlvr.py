@@ -10,7 +10,10 @@ from arealite.workflow import RLVRWorkflow
 from .rewards import always_raises, completion_length, hangs, reports_truncation
 
 pytestmark = pytest.mark.timeout(180)
-RECORDS = [{"id": "a", "prompt": "What is 1 + 1?", "answer": "2"}, {"id": "b", "prompt": "What is 2 + 2?", "answer": "4"}]
+RECORDS = [
+    {"id": "a", "prompt": "What is 1 + 1?", "answer": "2"},
+    {"id": "b", "prompt": "What is 2 + 2?", "answer": "4"},
+]
 
 
 def test_rewards_see_the_completion_ids(server_engine, tokenizer):
@@ -46,8 +49,9 @@ def test_raising_reward_rejects_the_group_and_is_counted(server_engine, tokenize
 
 
 def test_raising_reward_can_fail_the_batch(server_engine, tokenizer):
-    workflow = RLVRWorkflow(always_raises, GenerationHyperparameters(group_size=1, max_new_tokens=3), tokenizer,
-                            on_reward_error="raise")
+    workflow = RLVRWorkflow(
+        always_raises, GenerationHyperparameters(group_size=1, max_new_tokens=3), tokenizer, on_reward_error="raise"
+    )
     with pytest.raises(RolloutWorkflowError, match="reward checker crashed"):
         server_engine.rollout_batch(RECORDS[:1], workflow)
 
@@ -55,8 +59,13 @@ def test_raising_reward_can_fail_the_batch(server_engine, tokenizer):
 def test_timed_out_reward_scored_zero_only_when_asked(server_engine, tokenizer):
     pool = RewardPool(max_workers=1, timeout=1.0)
     try:
-        workflow = RLVRWorkflow(hangs, GenerationHyperparameters(group_size=1, max_new_tokens=3), tokenizer,
-                                reward_pool=pool, on_reward_error="zero")
+        workflow = RLVRWorkflow(
+            hangs,
+            GenerationHyperparameters(group_size=1, max_new_tokens=3),
+            tokenizer,
+            reward_pool=pool,
+            on_reward_error="zero",
+        )
         batch = server_engine.rollout_batch(RECORDS[:1], workflow)
         assert batch["rewards"].tolist() == [0.0]
         assert workflow.stats["reward_timeouts"] == 1

@@ -82,7 +82,13 @@ def test_out_of_turns_while_calling_scores_no_answer(tool_engine, tool_tokenizer
 def test_calculator():
     calc = Calculator()
     run = lambda expr: asyncio.run(calc.arun({"expression": expr}))  # noqa: E731
-    assert [run("12*34"), run("(1+2)**3 - 4/8"), run("-7 // 2"), run("7 % 3"), run("1.5*2")] == ["408", "26.5", "-4", "1", "3"]
+    assert [run("12*34"), run("(1+2)**3 - 4/8"), run("-7 // 2"), run("7 % 3"), run("1.5*2")] == [
+        "408",
+        "26.5",
+        "-4",
+        "1",
+        "3",
+    ]
     for expr, error in [
         ("__import__('os')", "not arithmetic"),
         ("2**1000", "exponent 1000"),

@@ -40,8 +40,21 @@ def _last_column(x, BLOCK: tl.constexpr):
 
 @triton.jit
 def _gae_tile(
-    tile, rew_ptr, val_ptr, mask_ptr, adv_ptr, ret_ptr, end, length, bad, carry_adv, carry_val, gamma, gamma_lam,
-    BLOCK: tl.constexpr, ACC: tl.constexpr,
+    tile,
+    rew_ptr,
+    val_ptr,
+    mask_ptr,
+    adv_ptr,
+    ret_ptr,
+    end,
+    length,
+    bad,
+    carry_adv,
+    carry_val,
+    gamma,
+    gamma_lam,
+    BLOCK: tl.constexpr,
+    ACC: tl.constexpr,
 ):
     """One tile of BLOCK tokens per row, `tile` tiles back from each row's end; returns the carries."""
     cols = tl.arange(0, BLOCK)[None, :]  # [1, BLOCK]
@@ -57,7 +70,8 @@ def _gae_tile(
     v_next = tl.load(val_ptr + pos + 1, mask=has_next, other=0.0).to(ACC)
     keep, found = tl.associative_scan(
         (tl.where(m_next, 0.0, 1.0).to(ACC), tl.where(m_next, v_next, 0.0).to(ACC)),
-        axis=1, combine_fn=_affine_combine,
+        axis=1,
+        combine_fn=_affine_combine,
     )
     next_value = found + keep * carry_val[:, None]
     # 2. advantages: masked tokens discount by gamma*lam, others pass the carry through
@@ -75,9 +89,22 @@ def _gae_tile(
 
 @triton.jit
 def _gae_kernel(
-    rew_ptr, val_ptr, mask_ptr, cu_ptr, adv_ptr, ret_ptr, n_seqs, n_tokens,
-    GAMMA_HI: tl.constexpr, GAMMA_LO: tl.constexpr, DECAY_HI: tl.constexpr, DECAY_LO: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr, INTERPRETED: tl.constexpr,
+    rew_ptr,
+    val_ptr,
+    mask_ptr,
+    cu_ptr,
+    adv_ptr,
+    ret_ptr,
+    n_seqs,
+    n_tokens,
+    GAMMA_HI: tl.constexpr,
+    GAMMA_LO: tl.constexpr,
+    DECAY_HI: tl.constexpr,
+    DECAY_LO: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ACC: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     # gamma and gamma*lam are compile-time constants (fixed for a run; four fewer arguments to
     # specialize on every launch), each an fp32 pair: hi + lo recovers it to ~1e-14 for float64.
@@ -112,7 +139,7 @@ def _gae_kernel(
             )  # fmt: skip
             tile += 1
     else:
-        for tile in range(0, n_tiles):
+        for tile in range(n_tiles):
             carry_adv, carry_val = _gae_tile(
                 tile, rew_ptr, val_ptr, mask_ptr, adv_ptr, ret_ptr, end, length, bad, carry_adv, carry_val,
                 gamma, gamma_lam, BLOCK, ACC,
@@ -145,8 +172,14 @@ def _tile(n_tokens: int, n_seqs: int) -> tuple[int, int]:
 
 
 def gae_packed_kernel(
-    rewards: Tensor, values: Tensor, loss_mask: Tensor, cu_seqlens: Tensor, gamma: float, lam: float,
-    rows: int | None = None, block: int | None = None,
+    rewards: Tensor,
+    values: Tensor,
+    loss_mask: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float,
+    lam: float,
+    rows: int | None = None,
+    block: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Launch `_gae_kernel`; inputs already validated by `gae_packed_triton`."""
     dtype = torch.float64 if torch.float64 in (rewards.dtype, values.dtype) else torch.float32
@@ -164,8 +197,20 @@ def gae_packed_kernel(
             raise ValueError(f"gae_packed_triton: {name}={size} must be a power of two")
     grid = (triton.cdiv(n_seqs, rows),)
     _gae_kernel[grid](
-        rewards.contiguous(), values.contiguous(), mask, cu_seqlens.contiguous(), adv, ret, n_seqs, n,
-        *_split(float(gamma)), *_split(float(gamma * lam)), ROWS=rows, BLOCK=block,
-        ACC=tl.float64 if dtype == torch.float64 else tl.float32, INTERPRETED=_INTERPRETED, num_warps=_NUM_WARPS,
+        rewards.contiguous(),
+        values.contiguous(),
+        mask,
+        cu_seqlens.contiguous(),
+        adv,
+        ret,
+        n_seqs,
+        n,
+        *_split(float(gamma)),
+        *_split(float(gamma * lam)),
+        ROWS=rows,
+        BLOCK=block,
+        ACC=tl.float64 if dtype == torch.float64 else tl.float32,
+        INTERPRETED=_INTERPRETED,
+        num_warps=_NUM_WARPS,
     )
     return adv, ret

@@ -13,8 +13,15 @@ from torch import Tensor
 
 @triton.jit
 def _group_norm_kernel(
-    x_ptr, out_ptr, n_groups, group_size, eps,
-    MODE: tl.constexpr, GROUPS: tl.constexpr, BLOCK_G: tl.constexpr, ACC: tl.constexpr,
+    x_ptr,
+    out_ptr,
+    n_groups,
+    group_size,
+    eps,
+    MODE: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    ACC: tl.constexpr,
 ):
     groups = tl.program_id(0) * GROUPS + tl.arange(0, GROUPS)[:, None]  # [GROUPS, 1]
     members = tl.arange(0, BLOCK_G)[None, :]  # [1, BLOCK_G]
@@ -43,7 +50,14 @@ def group_normalize_kernel(rewards: Tensor, group_size: int, mode: int, eps: flo
     block_g = triton.next_power_of_2(group_size)
     groups = max(1, min(4096 // block_g, triton.next_power_of_2(n_groups)))
     _group_norm_kernel[(triton.cdiv(n_groups, groups),)](
-        rewards.contiguous(), out, n_groups, group_size, float(eps),
-        MODE=mode, GROUPS=groups, BLOCK_G=block_g, ACC=tl.float64 if dtype == torch.float64 else tl.float32,
+        rewards.contiguous(),
+        out,
+        n_groups,
+        group_size,
+        float(eps),
+        MODE=mode,
+        GROUPS=groups,
+        BLOCK_G=block_g,
+        ACC=tl.float64 if dtype == torch.float64 else tl.float32,
     )
     return out

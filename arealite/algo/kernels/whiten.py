@@ -27,8 +27,9 @@ def _tile_stats_kernel(x_ptr, m_ptr, part_ptr, n, BLOCK: tl.constexpr, ACC: tl.c
 
 
 @triton.jit
-def _normalize_kernel(x_ptr, m_ptr, stats_ptr, out_ptr, n, SHIFT_MEAN: tl.constexpr, BLOCK: tl.constexpr,
-                      ACC: tl.constexpr):
+def _normalize_kernel(
+    x_ptr, m_ptr, stats_ptr, out_ptr, n, SHIFT_MEAN: tl.constexpr, BLOCK: tl.constexpr, ACC: tl.constexpr
+):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     inside = offs < n
     keep = tl.load(m_ptr + offs, mask=inside, other=0) != 0
