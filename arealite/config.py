@@ -425,9 +425,8 @@ class GRPOConfig:
     tokenizer_path: str = ""  # defaults to actor.path
     weight_update: str = "disk"  # disk | distributed | lora (only the actor's LoRA adapter, through /load_lora_adapter)
     weight_keep_versions: int = 3  # disk: weight versions kept under <run_dir>/weights (older ones are deleted)
-    dist_timeout: float = (
-        1800.0  # seconds a trainer collective (rendezvous, all-reduce, barrier) may wait for a peer rank
-    )
+    dist_timeout: float = 1800.0  # seconds a trainer collective (rendezvous, all-reduce, barrier) may wait
+    # for a peer rank
     reward_fn: str = ""  # "module:function" of a custom reward; empty: chosen by train_dataset.type
     gconfig: GenerationHyperparameters = field(default_factory=GenerationHyperparameters)  # sampling, for rollouts and
     # the trainer
@@ -480,7 +479,8 @@ class GRPOConfig:
             raise ConfigError("weight_update=lora needs an adapter to sync: set actor.lora (e.g. actor.lora.rank=8)")
         if self.actor.lora is not None and self.weight_update != "lora":
             raise ConfigError(
-                f"actor.lora is set but weight_update={self.weight_update!r} would sync full weights; set weight_update=lora"
+                f"actor.lora is set but weight_update={self.weight_update!r} would sync full weights; "
+                "set weight_update=lora"
             )
         if self.weight_update == "lora" and self.rollout.pause_mode != "abort":
             # SGLang keeps a paused request on the adapter it started with, and unloading an

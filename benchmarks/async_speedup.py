@@ -17,16 +17,16 @@ arithmetic prompts x `--group-size` samples, in order, from the same initial wei
   in flight as the async run has at most, so the server batches as much; M = 1 trains the
   same batches. The figure is taken against the FASTEST of them (median wall time).
 
-Resources, the same for every configuration (CPU only: CUDA devices are hidden): one process tree pinned to `--cpus` (default
-all of ours), the very same processes for every configuration (each run builds a fresh
-trainer and rollout client in them): the trainer process and a built-in server process
-with 1 torch thread each
-(with `--split`, the default, the server runs on the first of those CPUs and the trainer
-with its 2 reward worker processes on the others, so generation and training overlap
-instead of sharing a core), disk weight sync every step. Every run starts from the initial weights with an empty pipeline, and
-the clock runs from the first step to the end of the last weight sync (an asynchronous
-run pays for filling its pipeline). Configurations alternate in order over `--repeats`
-paired repeats.
+Resources, the same for every configuration (CPU only: CUDA devices are hidden): one
+process tree pinned to `--cpus` (default all of ours), the very same processes for every
+configuration (each run builds a fresh trainer and rollout client in them): the trainer
+process and a built-in server process with 1 torch thread each (with `--split`, the
+default, the server runs on the first of those CPUs and the trainer with its 2 reward
+worker processes on the others, so generation and training overlap instead of sharing a
+core), disk weight sync every step. Every run starts from the initial weights with an
+empty pipeline, and the clock runs from the first step to the end of the last weight sync
+(an asynchronous run pays for filling its pipeline). Configurations alternate in order
+over `--repeats` paired repeats.
 
 Prints every run, per-step phases, the ideal overlap bound of each sync configuration
 `(rollout + train + sync) / max(rollout, train + sync)` per batch (what perfect overlap of
@@ -66,8 +66,10 @@ def report(name: str, runs: list[dict]) -> None:
     shares = ", ".join(f"{k}: {v} ({100 * v / total:.0f}%)" for k, v in sorted(hist.items(), key=lambda kv: int(kv[0])))
     print(f"{name}: trained tokens by staleness in versions (all repeats): {shares}")
     c = runs[-1]["counters"]
-    print(f"{name}: last run: {c.get('rollout/accepted', 0)} trajectories accepted, {c.get('rollout/stale_requeued', 0)} "
-          f"regenerated as too stale, {c.get('rollout/interruptions', 0)} requests interrupted by weight syncs")  # fmt: skip
+    print(
+        f"{name}: last run: {c.get('rollout/accepted', 0)} trajectories accepted, {c.get('rollout/stale_requeued', 0)} "
+        f"regenerated as too stale, {c.get('rollout/interruptions', 0)} requests interrupted by weight syncs"
+    )
 
 
 def parse_args() -> argparse.Namespace:
@@ -120,9 +122,12 @@ def main() -> None:
         raise SystemExit("--split needs 2 CPUs; pass --no-split")
     print(harness.machine_line())
     print(harness.commit_line())
-    print(f"async_speedup: {args.steps * args.batch_size} prompts x {args.group_size} samples per run, max_new_tokens="
-          f"{args.max_new_tokens}, {args.repeats} paired repeats; every configuration on CPUs {cpus}, 1 torch thread in the "
-          f"server + 1 in the trainer" + (f", server on CPU {cpus[0]}, trainer on {cpus[1:]}" if args.split else ""))  # fmt: skip
+    print(
+        f"async_speedup: {args.steps * args.batch_size} prompts x {args.group_size} samples per run, max_new_tokens="
+        f"{args.max_new_tokens}, {args.repeats} paired repeats; every configuration on CPUs {cpus}, 1 torch thread "
+        f"in the server + 1 in the trainer"
+        + (f", server on CPU {cpus[0]}, trainer on {cpus[1:]}" if args.split else "")
+    )
     configs = {f"sync x{m}": dict(k=0, batch_size=m * args.batch_size, steps=args.steps // m) for m in mults}
     configs[f"async k={k}"] = dict(k=k, batch_size=args.batch_size, steps=args.steps)
     runs = run_configs(args, cpus, configs)
@@ -161,8 +166,10 @@ def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], configs: di
         m = configs[name]["batch_size"] // args.batch_size
         phases = [ph for r in runs[name] for ph in r["phases"]]
         rollout, train, sync = (statistics.mean(ph[i] for ph in phases) / m for i in range(3))
-        print(f"{name} per {args.batch_size}-prompt batch: rollout {rollout:.3f} s + train {train:.3f} s + weight sync "
-              f"{sync:.3f} s; ideal overlap bound {(rollout + train + sync) / max(rollout, train + sync):.2f}")  # fmt: skip
+        print(
+            f"{name} per {args.batch_size}-prompt batch: rollout {rollout:.3f} s + train {train:.3f} s + weight sync "
+            f"{sync:.3f} s; ideal overlap bound {(rollout + train + sync) / max(rollout, train + sync):.2f}"
+        )
     for name, w in walls.items():
         print(f"{name:<10} wall s: {harness.spread(w)}")
     asyn = walls[f"async k={k}"]

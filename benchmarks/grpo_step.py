@@ -8,8 +8,9 @@ its reward worker processes (started and warmed up). Each run names its own stal
 bound k and batch size, so one worker serves every configuration of a benchmark on the
 very same processes. Each run starts from the same state: the server is reset to the
 initial weights (version 0), a fresh trainer loads the initial weights, a fresh rollout
-client starts with an empty pipeline, and the dataloader starts at the same first prompt. The clock covers every step, the first included (an
-asynchronous run pays for filling its pipeline). After a run, anything still generating
+client starts with an empty pipeline, and the dataloader starts at the same first prompt.
+The clock covers every step, the first included (an asynchronous run pays for filling its
+pipeline). After a run, anything still generating
 (prefetched batches of an asynchronous run) is aborted and the server is idle before the
 worker answers, so no work spills into another side's run.
 """

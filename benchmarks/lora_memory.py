@@ -145,12 +145,17 @@ def main() -> None:
             )
         results = {mode: run_mode(mode, args, model_path) for mode in ("full", "lora")}
     mib = 1 << 20
-    print(f"model {model_path or 'built on the spot'}; rank {args.rank}; {args.seqs} x {args.seq_len} tokens; {args.steps} steps; "
-          f"device {results['full']['device']}")  # fmt: skip
+    print(
+        f"model {model_path or 'built on the spot'}; rank {args.rank}; {args.seqs} x {args.seq_len} tokens; "
+        f"{args.steps} steps; device {results['full']['device']}"
+    )
     for mode, r in results.items():
-        print(f"{mode:5s} trainable {r['trainable_params']:>11,} of {r['total_params']:,} params | params {r['param_bytes'] / mib:8.2f} MiB "
-              f"grads {r['grad_bytes'] / mib:8.2f} MiB adam {r['optimizer_state_bytes'] / mib:8.2f} MiB "
-              f"| train state {r['train_state_bytes'] / mib:8.2f} MiB | peak {r['peak_bytes'] / mib:8.2f} MiB")  # fmt: skip
+        print(
+            f"{mode:5s} trainable {r['trainable_params']:>11,} of {r['total_params']:,} params | params "
+            f"{r['param_bytes'] / mib:8.2f} MiB grads {r['grad_bytes'] / mib:8.2f} MiB "
+            f"adam {r['optimizer_state_bytes'] / mib:8.2f} MiB "
+            f"| train state {r['train_state_bytes'] / mib:8.2f} MiB | peak {r['peak_bytes'] / mib:8.2f} MiB"
+        )
     full, lora = results["full"], results["lora"]
     print(f"lora_optimizer_state_ratio={lora['optimizer_state_bytes'] / full['optimizer_state_bytes']:.4f}")
     print(f"lora_peak_memory_ratio={lora['peak_bytes'] / max(full['peak_bytes'], 1):.3f}")

@@ -138,8 +138,12 @@ def bench_workflow(group_size: int, max_new_tokens: int, temperature: float):
                 for _ in range(group_size)
             ]
             resps = await asyncio.gather(*(engine.agenerate(r) for r in reqs))
-            traj = trajectory_from_tokens([r.input_tokens for r in resps], [r.output_tokens for r in resps],
-                                          [r.output_logprobs for r in resps], [r.output_versions for r in resps])  # fmt: skip
+            traj = trajectory_from_tokens(
+                [r.input_tokens for r in resps],
+                [r.output_tokens for r in resps],
+                [r.output_logprobs for r in resps],
+                [r.output_versions for r in resps],
+            )
             traj["rewards"] = torch.zeros(len(resps))
             return traj
 
@@ -309,8 +313,12 @@ def real_server_measurement(
 
             model = build_tiny_model(os.path.join(tmp, "tiny"), seed=0)
         os.sched_setaffinity(0, server_cpus)
-        server = launch_server_process(model, extra_args=["--max-running-requests", str(args.in_flight), "--torch-threads", "1"],
-                                       env=harness.CPU_ONLY, log_path=os.path.join(tmp, "server.log"))  # fmt: skip
+        server = launch_server_process(
+            model,
+            extra_args=["--max-running-requests", str(args.in_flight), "--torch-threads", "1"],
+            env=harness.CPU_ONLY,
+            log_path=os.path.join(tmp, "server.log"),
+        )
         os.sched_setaffinity(0, client_cpus)
         with server:
             return server_overhead(server.address, server.proc.pid, args.in_flight, args.pairs, args.max_new_tokens)

@@ -174,9 +174,12 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
     seq_work = work[:SEQUENTIAL_REQUESTS]
     print(harness.machine_line())
     print(harness.commit_line())
-    print(f"workload: {len(work)} requests, prompts {min(len(p) for p, _ in work)}-{max(len(p) for p, _ in work)} tokens, "
-          f"budgets {min(b for _, b in work)}-{max(b for _, b in work)} new tokens (sum {sum(b for _, b in work)}), "
-          f"temperature 1.0, EOS stops; concurrency {args.concurrency}; {args.repeats} paired repeats")  # fmt: skip
+    print(
+        f"workload: {len(work)} requests, prompts {min(len(p) for p, _ in work)}-{max(len(p) for p, _ in work)} "
+        f"tokens, budgets {min(b for _, b in work)}-{max(b for _, b in work)} new tokens "
+        f"(sum {sum(b for _, b in work)}), temperature 1.0, EOS stops; concurrency {args.concurrency}; "
+        f"{args.repeats} paired repeats"
+    )
     argv = [os.path.abspath(__file__), "--worker", "--model", model, "--threads", str(args.threads)]
     env = {"OMP_NUM_THREADS": str(args.threads), **harness.CPU_ONLY}
     server_args = [
@@ -191,8 +194,10 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
         hf = harness.SideProcess("generate", argv, engine_cpus, os.path.join(tmp, "generate.log"), env)
         server = launch_server_process(model, extra_args=server_args, env=env, log_path=os.path.join(tmp, "server.log"))
     with hf, server, affinity(client_cpus):
-        print(f"resources: server and generate worker each pinned to CPUs {sorted(engine_cpus)} with {args.threads} torch "
-              f"thread(s); HTTP clients (this process) on CPUs {sorted(client_cpus)}")  # fmt: skip
+        print(
+            f"resources: server and generate worker each pinned to CPUs {sorted(engine_cpus)} with {args.threads} "
+            f"torch thread(s); HTTP clients (this process) on CPUs {sorted(client_cpus)}"
+        )
         for line in harness.process_tree(server.proc.pid) + hf.ready["resources"]:
             print(f"  {line}")
         loop = asyncio.new_event_loop()

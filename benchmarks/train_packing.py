@@ -139,14 +139,20 @@ def run(a: argparse.Namespace, path: str, threads: int) -> None:
     B, T = batch["input_ids"].shape
     print(harness.machine_line())
     print(harness.commit_line())
-    print(f"resources: one process, both sides on {dev} with {threads} torch thread(s), CPUs {sorted(os.sched_getaffinity(0))}; "
-          f"packed attention: {engines['packed'].model.config._attn_implementation}, padded: "
-          f"{engines['padded'].model.config._attn_implementation}, compute dtype {engines['packed'].compute_dtype}")  # fmt: skip
-    print(f"batch: {B} sequences ({a.n_long} of {a.long_len} tokens, the rest {a.short_len // 2}-{a.short_len}), "
-          f"{real} real tokens, padded to {B}x{T}={B * T} ({B * T / real:.2f}x); max_tokens_per_mb={a.max_tokens_per_mb}")  # fmt: skip
+    print(
+        f"resources: one process, both sides on {dev} with {threads} torch thread(s), CPUs "
+        f"{sorted(os.sched_getaffinity(0))}; packed attention: {engines['packed'].model.config._attn_implementation}, "
+        f"padded: {engines['padded'].model.config._attn_implementation}, "
+        f"compute dtype {engines['packed'].compute_dtype}"
+    )
+    print(
+        f"batch: {B} sequences ({a.n_long} of {a.long_len} tokens, the rest {a.short_len // 2}-{a.short_len}), "
+        f"{real} real tokens, padded to {B}x{T}={B * T} ({B * T / real:.2f}x); max_tokens_per_mb={a.max_tokens_per_mb}"
+    )
     first = {name: timed(steps[name], engines[name], batch) for name in steps}  # warm-up, untimed
     print(
-        f"warm-up step loss (same weights, same batch): packed {first['packed'][1]:.4f}, padded {first['padded'][1]:.4f}"
+        f"warm-up step loss (same weights, same batch): packed {first['packed'][1]:.4f}, padded "
+        f"{first['padded'][1]:.4f}"
     )
     times: dict[str, list[float]] = {"packed": [], "padded": []}
     print("repeat  side     s/step   tokens/s")

@@ -144,7 +144,8 @@ def report(name: str, runs: list[dict], samples: int) -> None:
         phases = [ph for r in runs for ph in r["phases"]]
         rollout, train, sync = (statistics.mean(ph[i] for ph in phases) for i in range(3))
         print(
-            f"{name}: mean per step: waiting for rollouts {rollout:.3f} s, logp+update {train:.3f} s, weight sync {sync:.3f} s"
+            f"{name}: mean per step: waiting for rollouts {rollout:.3f} s, logp+update {train:.3f} s, weight sync "
+            f"{sync:.3f} s"
         )
         hist: dict[str, int] = {}
         for r in runs:
@@ -200,10 +201,12 @@ def main() -> None:
     ks = [args.offpolicyness] if args.smoke else [0, args.offpolicyness]
     print(harness.machine_line())
     print(harness.commit_line())
-    print(f"vs_trl: {args.steps} timed steps per run (the first included), {args.batch_size} prompts x {args.group_size} "
-          f"samples, max_new_tokens={args.max_new_tokens}, {args.repeats} paired repeats; every side pinned to CPUs "
-          f"{sorted(cpus)} with at most {budget} torch threads in all (TRL: {' or '.join(map(str, trl_threads))} in its one "
-          f"process; arealite: {max(1, budget // 2)} in the server + {max(1, budget // 2)} in the trainer)")  # fmt: skip
+    print(
+        f"vs_trl: {args.steps} timed steps per run (the first included), {args.batch_size} prompts x {args.group_size} "
+        f"samples, max_new_tokens={args.max_new_tokens}, {args.repeats} paired repeats; every side pinned to CPUs "
+        f"{sorted(cpus)} with at most {budget} torch threads in all (TRL: {' or '.join(map(str, trl_threads))} in its "
+        f"one process; arealite: {max(1, budget // 2)} in the server + {max(1, budget // 2)} in the trainer)"
+    )
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         from arealite.tools.tiny_model import build_tiny_model
 
@@ -233,8 +236,15 @@ def start_workers(
     common = dict(batch_size=args.batch_size, group_size=args.group_size, max_new_tokens=args.max_new_tokens,
                   seed=args.seed, model=model)  # fmt: skip
     settings = {f"trl t={t}": dict(side="trl", threads=t, **common) for t in trl_threads}
-    settings["arealite"] = dict(side="arealite", server_threads=half, trainer_threads=half, pause_mode="in_place", lr=LR,
-                                max_in_flight=(max(ks) + 1) * args.batch_size, **common)  # fmt: skip
+    settings["arealite"] = dict(
+        side="arealite",
+        server_threads=half,
+        trainer_threads=half,
+        pause_mode="in_place",
+        lr=LR,
+        max_in_flight=(max(ks) + 1) * args.batch_size,
+        **common,
+    )
     workers: dict[str, harness.SideProcess] = {}
     for name, s in settings.items():
         s["workdir"] = os.path.join(tmp, name.replace(" ", "_").replace("=", ""))

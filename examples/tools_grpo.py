@@ -122,7 +122,8 @@ def main(argv: list[str]) -> None:
         if plot:
             print(f"plots: {plot}", flush=True)
         print(
-            f"accuracy_before={before:.4f} accuracy_with_tool={after_with:.4f} accuracy_without_tool={after_without:.4f}",
+            f"accuracy_before={before:.4f} accuracy_with_tool={after_with:.4f} "
+            f"accuracy_without_tool={after_without:.4f}",
             flush=True,
         )
 

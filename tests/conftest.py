@@ -7,7 +7,9 @@ skipped with a reason where CUDA is absent.
 """
 
 import os
+from pathlib import Path
 
+import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
@@ -16,10 +18,6 @@ if not HAS_CUDA:
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-from pathlib import Path
-
-import pytest
 
 from tests.tool_model import tool_engine, tool_model_dir, tool_tokenizer  # noqa: E402,F401  (session fixtures)
 

@@ -37,7 +37,19 @@ from arealite.utils import net
 CALL_TIMEOUT = 60.0  # seconds for one actor call; Ray can otherwise wait forever
 # Driver variables every actor gets: Ray workers start from their raylet's environment, not
 # this process's, so settings a user exports for the run must be carried over explicitly.
-FORWARDED_ENV_PREFIXES = ("AREAL", "OMP_", "MKL_", "NCCL_", "GLOO_", "TORCH", "TRITON_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "WANDB_")  # fmt: skip
+FORWARDED_ENV_PREFIXES = (
+    "AREAL",
+    "OMP_",
+    "MKL_",
+    "NCCL_",
+    "GLOO_",
+    "TORCH",
+    "TRITON_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "WANDB_",
+)
 
 
 def forwarded_env() -> dict[str, str]:
@@ -245,13 +257,14 @@ class RayRun:
                 log("all trainer ranks exited with code 0")
                 return 0
             states = _get([s.check.remote() for s in self.servers], "server check")
-            for i, (healthy, restarts, failure) in enumerate(states):
+            for i, (_healthy, restarts, failure) in enumerate(states):
                 if failure:
                     raise LaunchError(failure)
                 if restarts > self.restarts[i]:
                     self.restarts[i] = restarts
                     log(
-                        f"server-{i} died and was restarted on its address ({restarts} of {launcher.max_server_restarts})"
+                        f"server-{i} died and was restarted on its address ({restarts} of "
+                        f"{launcher.max_server_restarts})"
                     )
             time.sleep(POLL_INTERVAL)
 

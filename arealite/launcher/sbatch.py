@@ -47,7 +47,7 @@ def servers_script(config: GRPOConfig, backend: str, run_dir: str, cwd: str, pyt
         lines.append(f"#SBATCH --gpus-per-task={launcher.gpus_per_server}")
     lines += [f"#SBATCH {arg}" for arg in launcher.slurm_sbatch_args]
     lines += _preamble(config, cwd)
-    lines += [shell for shell in launcher.setup_commands]
+    lines += list(launcher.setup_commands)
     serve = [
         python, "-m", "arealite.launcher.serve", "--config", os.path.join(run_dir, "config.yaml"),
         "--run-dir", run_dir, "--backend", backend,

@@ -28,7 +28,17 @@ from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import log, prepare_run_dir
 
 POLL_INTERVAL = 1.0
-FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")  # fmt: skip
+FINISHED = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
 
 
 def _run(cmd: list[str]) -> str:
@@ -162,7 +172,7 @@ class SlurmRun:
     def run(self, dry_run: bool) -> int:
         paths = self.write_scripts()
         if dry_run:
-            for role, path in paths.items():
+            for path in paths.values():
                 print(f"# ---- {path} (sbatch {path}) ----")
                 with open(path) as f:
                     print(f.read())

@@ -175,7 +175,8 @@ class WorkflowExecutor:
                 self._running_queued -= 1
                 if error is not None and self._error is None:
                     self._error = RolloutWorkflowError(
-                        f"workflow {type(episode.workflow).__name__} failed on data id={episode.data.get('id')!r}: {error}"
+                        f"workflow {type(episode.workflow).__name__} failed on data id={episode.data.get('id')!r}: "
+                        f"{error}"
                     )
                     self._error.__cause__ = error
                 elif traj is not None:
@@ -290,7 +291,10 @@ class WorkflowExecutor:
         try:
             text = self._loop.run(self._diagnose(snapshot, idle), timeout=self.config.health_check_timeout + 5)
         except Exception as e:
-            text = f"rollout made no progress for {idle:.0f}s (rollout.stall_timeout={self.config.stall_timeout}s); {snapshot} (server states unavailable: {e!r})"
+            text = (
+                f"rollout made no progress for {idle:.0f}s (rollout.stall_timeout={self.config.stall_timeout}s); "
+                f"{snapshot} (server states unavailable: {e!r})"
+            )
         report_stall(verdict, text)
 
     def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> Batch:

@@ -104,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dist-timeout",
         type=float,
         default=60.0,
-        help="seconds a weight-update group may wait to form and per collective, unless /init_weights_update_group sends its own `timeout`",
+        help=(
+            "seconds a weight-update group may wait to form and per collective, unless /init_weights_update_group "
+            "sends its own `timeout`"
+        ),
     )
     for flag in IGNORED_VALUE_FLAGS:
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)

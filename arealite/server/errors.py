@@ -93,7 +93,8 @@ async def read_json_object(request: web.Request, required: bool = True) -> dict:
     if not raw.strip():
         if required:
             raise BadBody(
-                "1 validation error: body Field required [{'type': 'missing', 'loc': ('body',), 'msg': 'Field required', 'input': None}]"
+                "1 validation error: body Field required [{'type': 'missing', 'loc': ('body',), "
+                "'msg': 'Field required', 'input': None}]"
             )
         return {}
     too_deep = False
@@ -105,7 +106,8 @@ async def read_json_object(request: web.Request, required: bool = True) -> dict:
         raise BadBody(f"JSON decode error: {e}") from None
     if too_deep or json_depth_exceeds(body, limits.max_json_depth):
         raise BadBody(
-            f"JSON decode error: the body nests deeper than {limits.max_json_depth} levels (the server's --max-json-depth)"
+            f"JSON decode error: the body nests deeper than {limits.max_json_depth} levels (the server's "
+            "--max-json-depth)"
         )
     if not isinstance(body, dict):
         raise BadBody(f"Input should be a valid dictionary or object, got {type(body).__name__}: {str(body)[:80]}")

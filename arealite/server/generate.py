@@ -46,7 +46,8 @@ def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
         check_length(len(prompt), item.params.max_new_tokens, state.context_len)
         if item.logprob_start_len >= len(prompt):
             raise RequestError(
-                f"logprob_start_len ({item.logprob_start_len}) is higher than the number of input tokens ({len(prompt)})."
+                f"logprob_start_len ({item.logprob_start_len}) is higher than the number of input tokens "
+                f"({len(prompt)})."
             )
         max_new = item.params.max_new_tokens
         if max_new is None:
@@ -59,7 +60,8 @@ def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
         if total > cap:
             raise RequestError(
                 f"The request needs more than {cap} tokens (prompt + max_new_tokens summed over its {len(call.items)} "
-                f"sequences), the most the server accepts per request (--max-request-tokens). Split it or lower max_new_tokens."
+                "sequences), the most the server accepts per request (--max-request-tokens). Split it or lower "
+                "max_new_tokens."
             )
         seed = item.params.sampling_seed
         seed = state.next_seed() if seed is None else seed + item.index  # n copies must differ

@@ -102,7 +102,8 @@ class AdapterSet:
     def _read(self, name: str, path: str) -> Adapter:
         if not os.path.isdir(path):
             raise ValueError(
-                f"lora_path {path[:300]!r} is not an adapter directory on this server (the built-in server downloads nothing)"
+                f"lora_path {path[:300]!r} is not an adapter directory on this server (the built-in server downloads "
+                "nothing)"
             )
         try:
             with open(os.path.join(path, "adapter_config.json")) as f:
@@ -150,13 +151,15 @@ class AdapterSet:
             )
         if self.target_modules is not None and module.rsplit(".", 1)[-1] not in self.target_modules:
             raise ValueError(
-                f"the adapter at {path!r} adapts {module!r}, outside --lora-target-modules {sorted(self.target_modules)}"
+                f"the adapter at {path!r} adapts {module!r}, outside --lora-target-modules "
+                f"{sorted(self.target_modules)}"
             )
         want_a, want_b = [rank, layer.in_features], [layer.out_features, rank]
         if b is None or list(a.shape) != want_a or list(b.shape) != want_b:
             got = (list(a.shape), None if b is None else list(b.shape))
             raise ValueError(
-                f"the adapter at {path!r} has lora_A/lora_B of shapes {got} for {module!r}; expected {want_a} and {want_b}"
+                f"the adapter at {path!r} has lora_A/lora_B of shapes {got} for {module!r}; expected {want_a} and "
+                f"{want_b}"
             )
         return a.to(param.device, param.dtype), b.to(param.device, param.dtype)
 
@@ -174,7 +177,8 @@ class AdapterSet:
         adapter = self.adapters.get(name)
         if adapter is None:
             raise RequestError(
-                f"The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: {sorted(self.adapters)}."
+                f"The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: "
+                f"{sorted(self.adapters)}."
             )
         return adapter
 

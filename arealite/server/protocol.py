@@ -235,7 +235,7 @@ def parse_generate(body: dict, vocab_size: int, limits: RequestLimits | None = N
                 raise RequestError(f"input_ids contains token id {bad[0]} outside the vocabulary [0, {vocab_size}).")
     items = []
     for i, prompt in enumerate(prompts):
-        for copy in range(n):
+        for _copy in range(n):
             items.append(
                 GenItem(
                     index=len(items),

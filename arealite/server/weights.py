@@ -79,7 +79,8 @@ def load_from_disk(state: ServerState, model_path: str) -> None:
     if not set(new) <= set(old) or set(old) - set(new) - optional:
         differ = sorted((set(new) ^ set(old)) - optional)[:5]
         raise RuntimeError(
-            f"Failed to update weights: parameter names differ from the served model ({differ}).\nRolling back to original weights."
+            f"Failed to update weights: parameter names differ from the served model ({differ}).\nRolling back to "
+            "original weights."
         )
     try:
         copy_into(state, new)
@@ -191,8 +192,8 @@ async def _join_group(backend: str, address: str, port: int, rank: int, world_si
             outcome = (
                 None,
                 RuntimeError(
-                    f"{first} (master {address}:{port}, rank {rank} of {world_size}, timeout {timeout:g}s: the request's "
-                    "`timeout`, else the server's --dist-timeout)"
+                    f"{first} (master {address}:{port}, rank {rank} of {world_size}, timeout {timeout:g}s: "
+                    "the request's `timeout`, else the server's --dist-timeout)"
                 ),
             )
         try:
@@ -219,7 +220,9 @@ async def handle_init_group(request: web.Request, body: dict) -> web.Response:
         return json_response(
             {
                 "success": False,
-                "message": f"Failed to initialize custom process group: group {group_name!r} already exists; destroy it first.",
+                "message": (
+                    f"Failed to initialize custom process group: group {group_name!r} already exists; destroy it first."
+                ),
             },
             status=400,
         )
@@ -242,7 +245,8 @@ def _parse_specs(body: dict, params: dict[str, torch.Tensor]) -> list[tuple[str,
     if body.get("load_format") not in (None, "auto"):
         # Refuse before joining any broadcast: a receiver expecting the wrong layout would hang the trainer.
         raise BadBody(
-            f"load_format {str(body['load_format'])[:80]!r} is not supported by the built-in server; send one tensor per name (omit load_format)"
+            f"load_format {str(body['load_format'])[:80]!r} is not supported by the built-in server; send one tensor "
+            "per name (omit load_format)"
         )
     names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
     if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)):

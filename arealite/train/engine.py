@@ -92,8 +92,8 @@ class FSDPEngine:
 
     Construction only validates; `initialize()` joins the process group, loads and shards the
     model and builds the optimizer. `total_optimizer_steps` (needed by warmup and decaying lr
-    schedules) counts optimizer steps; the actor and critic take training steps and multiply. `build_model(path, attn_implementation)` lets a
-    critic swap in a value head.
+    schedules) counts optimizer steps; the actor and critic take training steps and multiply.
+    `build_model(path, attn_implementation)` lets a critic swap in a value head.
     """
 
     def __init__(

@@ -67,12 +67,16 @@ class RLVRWorkflow(RolloutWorkflow):
         rewards = await asyncio.gather(
             *(
                 self.scorer.score(
-                    prompt, self.tokenizer.decode(r.output_tokens, skip_special_tokens=True), prompt_ids, r.output_tokens,
-                    data, cut,
+                    prompt,
+                    self.tokenizer.decode(r.output_tokens, skip_special_tokens=True),
+                    prompt_ids,
+                    r.output_tokens,
+                    data,
+                    cut,
                 )
                 for r, cut in zip(responses, truncated)
             )
-        )  # fmt: skip
+        )
         self.stats["episodes"] += 1
         if any(r is None for r in rewards):
             self.stats["rejected_groups"] += 1

@@ -89,9 +89,13 @@ def test_ppo_actor_loss_matches_naive(seed, n_seqs, mode, variant):
     elif variant == "gspo":
         kw.update(level="sequence")
     want = _naive_aggregate(
-        _naive_ppo(logp, prox, kw["behav"], adv, mask, cu, kw["eps"], kw["eps_hi"], kw["c_clip"], kw["cap"], kw["level"]),
-        mask, cu, mode,
-    )  # fmt: skip
+        _naive_ppo(
+            logp, prox, kw["behav"], adv, mask, cu, kw["eps"], kw["eps_hi"], kw["c_clip"], kw["cap"], kw["level"]
+        ),
+        mask,
+        cu,
+        mode,
+    )
     loss, stats = ppo_actor_loss(
         logp, prox, adv, mask, cu, eps_clip=kw["eps"], eps_clip_higher=kw["eps_hi"], c_clip=kw["c_clip"],
         behav_logp=kw["behav"], behav_imp_weight_cap=kw["cap"], aggregate=AGGREGATIONS[mode].reduce,

@@ -147,4 +147,4 @@ def test_results_without_the_openai_package(monkeypatch):
     assert result.choices[0].message.content == "hello" and result.usage.total_tokens == 2
     assert result.choices[0].message.model_dump(exclude_none=True) == {"role": "assistant", "content": "hello"}
     with pytest.raises(AttributeError, match="no field 'nope'"):
-        result.nope
+        _ = result.nope

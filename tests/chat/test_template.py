@@ -36,7 +36,10 @@ def qwen(shared_data):
 
 
 def test_parse_tool_calls():
-    text = 'Let me see.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n</tool_call>\n<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
+    text = (
+        'Let me see.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n</tool_call>\n'
+        '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>'
+    )
     content, calls, bad = parse_tool_calls(text)
     assert content == "Let me see." and bad == 0
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [

@@ -25,7 +25,8 @@ def test_lora_sync_in_bf16_on_cuda(tiny_model_dir, tmp_path):
         # by hooks) and trainer (packed prefill, peft layers) may differ by twice that
         bound = 2 * EPS_BF16 * f["max_logit"]
         print(
-            f"bf16 LoRA v{version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base vs server {f['base']:.2e}"
+            f"bf16 LoRA v{version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base vs server "
+            f"{f['base']:.2e}"
         )
         assert f["trainer"] <= bound, f"bf16 trainer vs server mean |logprob diff| {f['trainer']} > {bound}"
         assert f["base"] > 4 * bound, (

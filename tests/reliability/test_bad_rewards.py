@@ -47,9 +47,11 @@ def _workflow(reward_fn, tokenizer, group_size: int = 2, timeout: float = 30.0) 
 
 
 def test_raising_reward_is_counted_and_its_groups_skipped(engine, tokenizer):
-    with _workflow(rewards.raises, tokenizer) as workflow:
-        with pytest.raises(RolloutWorkflowError, match="all 3 episodes were rejected"):
-            engine.rollout_batch(_records(3), workflow)
+    with (
+        _workflow(rewards.raises, tokenizer) as workflow,
+        pytest.raises(RolloutWorkflowError, match="all 3 episodes were rejected"),
+    ):
+        engine.rollout_batch(_records(3), workflow)
     assert workflow.stats["reward_errors"] == 3 * 2
     assert workflow.stats["rejected_groups"] == 3
 
@@ -64,9 +66,11 @@ def test_hanging_reward_times_out_and_only_its_group_is_skipped(engine, tokenize
 
 def test_nan_reward_is_counted_not_trained_on(engine, tokenizer):
     """A NaN score would poison group normalisation: it must count as a failed reward."""
-    with _workflow(rewards.nan, tokenizer) as workflow:
-        with pytest.raises(RolloutWorkflowError, match="all 2 episodes were rejected"):
-            engine.rollout_batch(_records(2), workflow)
+    with (
+        _workflow(rewards.nan, tokenizer) as workflow,
+        pytest.raises(RolloutWorkflowError, match="all 2 episodes were rejected"),
+    ):
+        engine.rollout_batch(_records(2), workflow)
     assert workflow.stats["reward_errors"] == 2 * 2
 
 

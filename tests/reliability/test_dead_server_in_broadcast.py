@@ -97,8 +97,13 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
     with ThreadPoolExecutor(2) as pool:
         servers = list(pool.map(lambda i: start_builtin(tiny_model_dir, tmp_path / f"s{i}"), range(2)))
     survivor, victim = servers
-    config = InferenceEngineConfig(setup_timeout=60, request_timeout=60, health_check_interval=0.5,
-                                   health_check_timeout=HEALTH_TIMEOUT_S, weight_update_timeout=update_timeout)  # fmt: skip
+    config = InferenceEngineConfig(
+        setup_timeout=60,
+        request_timeout=60,
+        health_check_interval=0.5,
+        health_check_timeout=HEALTH_TIMEOUT_S,
+        weight_update_timeout=update_timeout,
+    )
     rollout = RemoteSGLangEngine(config, [s.address for s in servers])
     actor = FSDPEngine(TrainEngineConfig(path=tiny_model_dir, optimizer=None))
     killer, weight_sync = Killer(), None
@@ -131,8 +136,11 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
         watcher.join(10)
         assert killer.killed_at is not None and excluded_at, "the victim was not signalled, or never excluded"
         detection, completion = excluded_at[0] - killer.killed_at, synced_at - killer.killed_at
-        print(f"{how} server excluded {detection:.3f}s after the signal; the sync finished {completion:.3f}s after it "
-              f"(bound {bound:.0f}s: weight_update_timeout={update_timeout}s + 5 s + health_check_timeout={HEALTH_TIMEOUT_S}s)")  # fmt: skip
+        print(
+            f"{how} server excluded {detection:.3f}s after the signal; the sync finished {completion:.3f}s after it "
+            f"(bound {bound:.0f}s: weight_update_timeout={update_timeout}s + 5 s + "
+            f"health_check_timeout={HEALTH_TIMEOUT_S}s)"
+        )
         assert detection < bound + 5.0  # + scheduling slack on a loaded machine
         assert rollout.pool.healthy == [survivor.address]
         assert_serves(survivor, reference, 2, actor.compute_dtype)

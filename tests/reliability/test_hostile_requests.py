@@ -127,8 +127,11 @@ def test_weight_update_bodies_are_checked_before_any_receive(capped_server):
     for body, words in bad:
         status, raw, _ = send(capped_server, "/update_weights_from_distributed", body)
         assert status == 400 and words in raw.decode(), raw
-    status, raw, _ = send(capped_server, "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1,
-                                                                       "rank_offset": 1, "world_size": 2, "group_name": ["x"]})  # fmt: skip
+    status, raw, _ = send(
+        capped_server,
+        "/init_weights_update_group",
+        {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "group_name": ["x"]},
+    )
     assert status == 400 and "group_name must be a non-empty string" in raw.decode()
     status, raw, _ = send(capped_server, "/update_weights_from_disk", {"model_path": "gpt2"})  # never a hub download
     assert status == 400 and "is not a checkpoint directory" in raw.decode()

@@ -68,8 +68,9 @@ def test_trainer_sigkill_then_relaunch_resumes(tmp_path, tiny_model_dir):
     assert "trainer was killed by SIGKILL" in log, log[-2000:]
     servers = [json.loads(line) for line in (run_dir / "processes.jsonl").read_text().splitlines() if "server" in line]
     time.sleep(1)
-    assert not any(psutil.pid_exists(s["pid"]) and psutil.Process(s["pid"]).status() != psutil.STATUS_ZOMBIE for s in servers), \
-        "a server outlived its launcher"  # fmt: skip
+    assert not any(
+        psutil.pid_exists(s["pid"]) and psutil.Process(s["pid"]).status() != psutil.STATUS_ZOMBIE for s in servers
+    ), "a server outlived its launcher"
 
     second = _launch(tmp_path, tiny_model_dir)
     out, _ = second.communicate(timeout=200)

@@ -17,17 +17,21 @@ def _loop_threads() -> list[threading.Thread]:
 
 def test_with_block_releases_the_loop_on_error(two_servers):
     before = len(_loop_threads())
-    with pytest.raises(RuntimeError, match="a failing cell"):
-        with RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=30), [two_servers[0].address]) as rollout:
-            assert rollout.loop.running and len(_loop_threads()) == before + 1
-            raise RuntimeError("a failing cell")
+    with (
+        pytest.raises(RuntimeError, match="a failing cell"),
+        RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=30), [two_servers[0].address]) as rollout,
+    ):
+        assert rollout.loop.running and len(_loop_threads()) == before + 1
+        raise RuntimeError("a failing cell")
     assert not rollout.loop.running and len(_loop_threads()) == before
 
 
 def test_failed_start_leaves_no_thread():
     before = len(_loop_threads())
     config = InferenceEngineConfig(setup_timeout=1)
-    with pytest.raises(ServerUnavailable, match="setup_timeout"):
-        with RemoteSGLangEngine(config, [f"127.0.0.1:{free_ports(1)[0]}"]):
-            pytest.fail("the block must not run when no server answers")
+    with (
+        pytest.raises(ServerUnavailable, match="setup_timeout"),
+        RemoteSGLangEngine(config, [f"127.0.0.1:{free_ports(1)[0]}"]),
+    ):
+        pytest.fail("the block must not run when no server answers")
     assert len(_loop_threads()) == before

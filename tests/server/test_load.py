@@ -116,7 +116,8 @@ def test_load_with_bad_requests_mixed_in(server):
     good, bad, problems = asyncio.run(_run_load(server.url, 1000, 200, seed=1))
     rss_after = proc.memory_info().rss
     print(
-        f"rss_before={rss_before / 2**20:.1f}MiB rss_after={rss_after / 2**20:.1f}MiB growth={rss_after / rss_before - 1:+.2%}"
+        f"rss_before={rss_before / 2**20:.1f}MiB rss_after={rss_after / 2**20:.1f}MiB "
+        f"growth={rss_after / rss_before - 1:+.2%}"
     )
     assert problems == []
     assert good + bad == 1000 and bad > 100

@@ -86,8 +86,11 @@ def test_load_unload_replies_and_model_list(lora_server, adapters):
     assert (status, body) == (200, {"success": True, "error_message": "", "loaded_adapters": {"a": adapters["a"]}})
     status, body = lora_server.post("/load_lora_adapter", {"lora_name": "a", "lora_path": adapters["b"]})
     assert status == 400 and not body["success"] and "already loaded" in body["error_message"]
-    for path, why in [(adapters["rank16"], "exceeds --max-lora-rank 8"), (adapters["k_proj"], "outside --lora-target-modules"),
-                      ("/no/such/adapter", "is not an adapter directory")]:  # fmt: skip
+    for path, why in [
+        (adapters["rank16"], "exceeds --max-lora-rank 8"),
+        (adapters["k_proj"], "outside --lora-target-modules"),
+        ("/no/such/adapter", "is not an adapter directory"),
+    ]:
         status, body = lora_server.post("/load_lora_adapter", {"lora_name": "x", "lora_path": path})
         assert status == 400 and why in body["error_message"] and body["loaded_adapters"] == {"a": adapters["a"]}, body
     status, body = lora_server.post("/load_lora_adapter", {"lora_path": adapters["b"]})

@@ -29,10 +29,12 @@ def _gone(pid: int, within: float = 15.0) -> bool:
 
 
 def test_with_block_stops_the_server_on_error(tiny_model_dir):
-    with pytest.raises(RuntimeError, match="a failing cell"):
-        with launch_server_process(tiny_model_dir, extra_args=ARGS) as server:
-            assert server.is_alive()
-            raise RuntimeError("a failing cell")
+    with (
+        pytest.raises(RuntimeError, match="a failing cell"),
+        launch_server_process(tiny_model_dir, extra_args=ARGS) as server,
+    ):
+        assert server.is_alive()
+        raise RuntimeError("a failing cell")
     assert not server.is_alive()
 
 

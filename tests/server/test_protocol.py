@@ -385,7 +385,10 @@ def test_client_disconnect_aborts_generation(server):
     steps = server.get("/get_server_info")[1]["internal_states"][0]["decode_steps"]
     payload = json.dumps(body).encode()
     with socket.create_connection((server.host, server.port)) as sock:
-        head = f"POST /generate HTTP/1.1\r\nHost: {server.address}\r\nContent-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        head = (
+            f"POST /generate HTTP/1.1\r\nHost: {server.address}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
         sock.sendall(head.encode() + payload)
         _wait_running(server)
     # The socket is closed: the client is gone.

@@ -140,7 +140,7 @@ def test_plot_writes_a_png_with_every_panel(tmp_path):
     with open(tmp_path / "stats.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     # every panel finds its keys in such a run (none would say "not logged")
-    for title, x, ys in PANELS:
+    for title, _x, ys in PANELS:
         assert any(k in rows[0] or k in rows[2] for y in ys for k in _keys_like(rows, y)), title
     # timings the loop adds later (time/advantages) are drawn without a code change, the total last
     assert _keys_like(rows, "time/*") == ["time/advantages", "time/rollout", "time/step"]

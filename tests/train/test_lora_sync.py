@@ -130,7 +130,8 @@ def test_served_logprobs_follow_the_synced_adapter(tiny_model_dir, tmp_path):
     for version, f in enumerate(sync_and_compare(tiny_model_dir, tmp_path, "float32"), 1):
         bound = tolerance(torch.float32, HIDDEN) * f["mean_logprob"]  # fp32 rounding through 64-long dot products
         print(
-            f"version {version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base model vs server {f['base']:.2e}"
+            f"version {version}: trainer vs server {f['trainer']:.2e} (bound {bound:.2e}); base model vs server "
+            f"{f['base']:.2e}"
         )
         assert f["trainer"] <= bound, f"trainer vs server mean |logprob diff| {f['trainer']} > {bound}"
         assert f["base"] > 100 * bound, (

@@ -49,8 +49,13 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
     batch = make_batch([10, 6, 8], seed=16)
     grads = []
     for ckpt in (False, True):
-        cfg = TrainEngineConfig(path=tiny_model_dir, dtype="float32", gradient_checkpointing=ckpt, optimizer=OptimizerConfig(),
-                                mb_spec=MicroBatchSpec(n_mbs=2))  # fmt: skip
+        cfg = TrainEngineConfig(
+            path=tiny_model_dir,
+            dtype="float32",
+            gradient_checkpointing=ckpt,
+            optimizer=OptimizerConfig(),
+            mb_spec=MicroBatchSpec(n_mbs=2),
+        )
         engine = FSDPEngine(cfg).initialize()
         assert engine.activation_checkpointing == ckpt
         engine._accumulate_gradients(batch, _logp_loss, _weight)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ..rollout.conftest import start_servers
+from tests.rollout.conftest import start_servers
 
 # Reward worker processes (spawned; they inherit sys.path) import `tests.workflow.rewards`.
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
