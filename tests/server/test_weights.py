@@ -27,12 +27,16 @@ TRAINER = textwrap.dedent(
     """
     import sys, torch
     from transformers import AutoModelForCausalLM
-    from arealite.weight_sync.group import init_custom_process_group, broadcast
+    from arealite.weight_sync.group import init_custom_process_group, broadcast, release_store
     path, port, group = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     pg = init_custom_process_group("gloo", "127.0.0.1", port, 0, 2, group, timeout=120)
     for name, tensor in model.state_dict().items():
         broadcast(pg, tensor.contiguous(), src=0)
+    # The group before its store, as WeightSync.close() does: left to interpreter teardown,
+    # the store could go first and gloo's threads abort the process (seen once in CI: SIGABRT).
+    del pg
+    release_store(group)
     print("trainer done", flush=True)
     """
 )
