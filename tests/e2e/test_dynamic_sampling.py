@@ -10,43 +10,24 @@ equal-reward groups after a bounded search, instead of sampling forever.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from arealite.data.arithmetic import make_arithmetic_dataset
-from arealite.server.process import launch_server_process
+from tests.e2e.example_run import run_example
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS, BATCH, SAMPLES = 3, 4, 128
 pytestmark = pytest.mark.timeout(300)
 
 
 def _run(tmp_path: Path, model: str, reward: str, offpolicyness: int) -> list[dict]:
-    server = launch_server_process(model, extra_args=["--skip-server-warmup"])
-    env = {
-        **os.environ, "OMP_NUM_THREADS": "1", "AREAL_LLM_SERVER_ADDRS": server.address,
-        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }  # fmt: skip
-    cmd = [
-        sys.executable, str(REPO / "examples" / "gsm8k_grpo.py"), "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
-        f"fileroot={tmp_path}", "experiment_name=ds", "trial_name=t", f"actor.path={model}", "seed=1",
-        f"total_train_steps={STEPS}", "recover.mode=disabled", "evaluator.freq_steps=0",
-        f"reward_fn=tests.e2e.varied_reward:{reward}", "rollout.dynamic_sampling=true",
-        f"rollout.max_head_offpolicyness={offpolicyness}", "gconfig.max_new_tokens=6", "gconfig.group_size=4",
+    return run_example(tmp_path, model, "ds", [
+        "seed=1", f"total_train_steps={STEPS}", f"reward_fn=tests.e2e.varied_reward:{reward}",
+        "rollout.dynamic_sampling=true", f"rollout.max_head_offpolicyness={offpolicyness}",
+        "gconfig.max_new_tokens=6", "gconfig.group_size=4",
         f"train_dataset.batch_size={BATCH}", f"train_dataset.num_samples={SAMPLES}",
-        "stats_logger.plot=false", "stats_logger.progress_bar=false",
-    ]  # fmt: skip
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
-    finally:
-        server.stop()
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return [json.loads(line) for line in (tmp_path / "ds" / "t" / "stats.jsonl").read_text().splitlines()]
+    ])  # fmt: skip
 
 
 @pytest.mark.parametrize("offpolicyness", [0, 1])

@@ -14,17 +14,10 @@ reaches on this task, and no timing assertion.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from arealite.server.process import launch_server_process
+from tests.e2e.example_run import run_example
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 16
 WINDOW = 4  # steps averaged at each end (one step's batch reward is noisy)
 MARGIN = 0.15  # required rise of the mean batch reward
@@ -32,28 +25,13 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_grpo_raises_the_reward_of_a_random_model(tmp_path, tiny_model_dir):
-    server = launch_server_process(tiny_model_dir, extra_args=["--skip-server-warmup"])
-    env = {
-        **os.environ, "OMP_NUM_THREADS": "1", "AREAL_LLM_SERVER_ADDRS": server.address,
-        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-    }  # fmt: skip
-    cmd = [
-        sys.executable, str(REPO / "examples" / "gsm8k_grpo.py"), "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
-        f"fileroot={tmp_path}", "experiment_name=learn", "trial_name=t", f"actor.path={tiny_model_dir}",
-        f"total_train_steps={STEPS}", "recover.mode=disabled", "evaluator.freq_steps=0",
-        "reward_fn=tests.e2e.varied_reward:even_token_fraction",
+    rows = run_example(tmp_path, tiny_model_dir, "learn", [
+        f"total_train_steps={STEPS}", "reward_fn=tests.e2e.varied_reward:even_token_fraction",
         "gconfig.sampling_seed=5", "gconfig.max_new_tokens=8", "gconfig.group_size=8",
         "train_dataset.batch_size=8", "train_dataset.num_samples=256", "actor.ppo_n_minibatches=1",
         "actor.optimizer.lr=0.01", "actor.optimizer.lr_scheduler_type=constant",
         "rollout.max_head_offpolicyness=0", "rollout.dynamic_sampling=false",
-        "stats_logger.plot=false", "stats_logger.progress_bar=false",
-    ]  # fmt: skip
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
-    finally:
-        server.stop()
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rows = [json.loads(line) for line in (tmp_path / "learn" / "t" / "stats.jsonl").read_text().splitlines()]
+    ])  # fmt: skip
     rewards = [r["reward"] for r in rows if "reward" in r]
     assert len(rewards) == STEPS
     first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
