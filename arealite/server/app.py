@@ -138,6 +138,7 @@ async def handle_server_info(request: web.Request) -> web.Response:
         version=VERSION,
         startup_time=state.started_at,
         frontend="python",
+        model_impl=state.runner.impl,  # the forward in use (`auto` resolved)
     )
     return json_response(info)
 

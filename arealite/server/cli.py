@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from arealite.server.limits import RequestLimits
 from arealite.server.lora import AdapterSet
-from arealite.server.model_runner import DTYPES, ModelRunner
+from arealite.server.model_runner import DTYPES, MODEL_IMPLS, ModelRunner
 from arealite.server.scheduler import Scheduler, SchedulerLimits
 from arealite.server.state import ServerState
 
@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--dtype", default="auto", choices=sorted(DTYPES))
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument(
+        "--model-impl",
+        default="auto",
+        choices=MODEL_IMPLS,
+        help="forward: arealite (lean, Qwen2/Llama/Mistral), transformers (any model), auto (arealite where supported)",
+    )
     p.add_argument("--context-length", type=int, default=None, help="defaults to the model's max_position_embeddings")
     p.add_argument("--random-seed", type=int, default=None, help="seeds sampling; defaults to 0 for reproducible runs")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health*")
@@ -174,7 +180,7 @@ def lora_path_entry(entry: str) -> tuple[str, str]:
 
 def build_state(args: argparse.Namespace) -> ServerState:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    runner = ModelRunner(args.model_path, args.dtype, device)
+    runner = ModelRunner(args.model_path, args.dtype, device, args.model_impl)
     if args.enable_lora or args.lora_paths:  # SGLang: --lora-paths implies --enable-lora
         runner.lora = AdapterSet(
             runner.model, runner.lock, True, args.max_lora_rank, args.lora_target_modules, args.max_loaded_loras

@@ -7,9 +7,11 @@
 Replies are SGLang's: `{"success", "error_message", "loaded_adapters": {name: path}}`, 400
 on failure. `/v1/models` lists loaded adapters with `parent` set to the base model.
 
-How adapters apply: the base weights are never touched. A forward hook on every adapted
-linear layer adds `scaling * x @ A^T @ B^T` to the rows of the batch whose sequence uses
-that adapter (several adapters and the base model can share one batch, as in S-LoRA).
+How adapters apply: the base weights are never touched. At every adapted linear layer,
+`AdapterSet.add_to` adds `scaling * x @ A^T @ B^T` to the rows of the batch whose sequence
+uses that adapter (several adapters and the base model can share one batch, as in S-LoRA):
+called by the lean forward (lean_model.py) after each projection, and by a forward hook on
+the module on the transformers path.
 The scheduler tells the model runner which adapter each row uses (`AdapterSet.rows`).
 Differences from SGLang: an unload returns at once, and requests already running finish on
 the adapter they started with (SGLang waits for them before answering); adapters are read
@@ -196,15 +198,28 @@ class AdapterSet:
         finally:
             self._groups = []
 
+    @property
+    def active(self) -> bool:
+        """Whether the current forward has rows on an adapter."""
+        return bool(self._groups)
+
+    def add_to(self, module: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        """In place: add to `out` (module's output on input `x`, rows first) each active
+        adapter's `scaling * x @ A^T @ B^T` on that adapter's rows."""
+        for adapter, rows in self._groups:
+            ab = adapter.weights.get(module)
+            if ab is None:
+                continue
+            xs = x if rows is None else x[rows]
+            delta = (xs @ ab[0].T) @ ab[1].T * adapter.scaling  # peft's order: B(A(x)) * scaling
+            if rows is None:
+                out += delta
+            else:
+                out.index_add_(0, rows, delta)
+
     def _hook(self, module: str):
         def add_adapters(layer: torch.nn.Module, args: tuple, output: torch.Tensor):
-            for adapter, rows in self._groups:
-                ab = adapter.weights.get(module)
-                if ab is None:
-                    continue
-                x = args[0] if rows is None else args[0][rows]
-                delta = (x @ ab[0].T) @ ab[1].T * adapter.scaling  # peft's order: B(A(x)) * scaling
-                output = output + delta if rows is None else output.index_add(0, rows, delta)
+            self.add_to(module, args[0], output)
             return output
 
         return add_adapters

@@ -1,22 +1,32 @@
-"""The model side of the built-in server: a transformers causal LM and a batched KV cache.
+"""The model side of the built-in server: the weights, and the forward that runs them.
 
-The running batch keeps ONE transformers `DynamicCache` whose rows are left-padded to a
-common length, plus a 0/1 mask over the cached positions and the position id of each row's
-next token. Rows join (`merge`) and leave (`select`) between decode steps; leading columns
-that became padding for every row are trimmed. Padding is masked out of attention and
-position ids count real tokens only, so a row's logits equal those of the same sequence run
-alone (up to float summation order, ~1e-6 in fp32).
+The weights are always a transformers causal LM's (loaded by transformers, named by their
+HF names: weight updates and LoRA adapters address them so). Two forwards run them
+(`--model-impl`, SGLang's flag name):
+* `arealite` (lean_model.py): an own forward for the Qwen2/Llama/Mistral family over a
+  preallocated KV cache (kv_cache.py); several times faster per decode step on a CPU.
+* `transformers` (hf_forward.py): the model's own forward over a DynamicCache; any
+  architecture transformers runs.
+`auto` (the default) takes `arealite` when the architecture is supported, else
+`transformers`. Both give the same logits up to float rounding.
+
+The scheduler holds one batch (`new_batch`) of running rows: `prefill` appends rows,
+`decode` advances every row by one token, `batch.drop(rows)` removes rows and returns the
+survivors' old indices in their new order, `batch.clear()` removes all.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import dataclass
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from arealite.server import attention
+from arealite.server.hf_forward import HFBatch, TransformersForward
+from arealite.server.kv_cache import KVCache
+from arealite.server.lean_model import LeanModel, unsupported_reason
 from arealite.server.lora import AdapterSet
 
 DTYPES = {
@@ -27,6 +37,9 @@ DTYPES = {
     "float": torch.float32,
     "float32": torch.float32,
 }
+MODEL_IMPLS = ("auto", "arealite", "transformers")
+Batch = KVCache | HFBatch  # the running rows of one forward (`ModelRunner.new_batch`)
+logger = logging.getLogger("arealite.server")
 
 
 def resolve_dtype(name: str, model_path: str) -> torch.dtype:
@@ -54,59 +67,12 @@ def load_model(model_path: str, dtype: torch.dtype, device: str) -> torch.nn.Mod
     return model
 
 
-@dataclass
-class KVBatch:
-    """KV cache of the running rows, left-padded to a common length."""
-
-    cache: DynamicCache
-    mask: torch.Tensor  # [B, L] long, 1 on real cached tokens
-    next_pos: torch.Tensor  # [B] long, position id of each row's next (pending) token
-
-    @property
-    def size(self) -> int:
-        return self.mask.shape[0]
-
-    def _layers(self):
-        return [layer for layer in self.cache.layers if layer.is_initialized]
-
-    def select(self, rows: list[int]) -> None:
-        """Keep only `rows` (in that order), then drop leading all-padding columns."""
-        idx = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
-        self.mask = self.mask[idx]
-        self.next_pos = self.next_pos[idx]
-        # Keep at least one column so shapes stay valid while rows remain.
-        lead = int((self.mask.cumsum(1) == 0).all(0).sum().item()) if self.mask.shape[0] else 0
-        lead = min(lead, self.mask.shape[1] - 1) if self.mask.shape[1] else 0
-        self.mask = self.mask[:, lead:]
-        for layer in self._layers():
-            layer.keys = layer.keys[idx, :, lead:]
-            layer.values = layer.values[idx, :, lead:]
-
-    def merge(self, other: KVBatch) -> None:
-        """Append `other`'s rows after ours, left-padding whichever is shorter."""
-        la, lb = self.mask.shape[1], other.mask.shape[1]
-        length = max(la, lb)
-        self.mask = torch.cat([_pad_left(self.mask, length - la), _pad_left(other.mask, length - lb)])
-        self.next_pos = torch.cat([self.next_pos, other.next_pos])
-        for mine, theirs in zip(self._layers(), other._layers()):
-            mine.keys = torch.cat([_pad_left(mine.keys, length - la), _pad_left(theirs.keys, length - lb)])
-            mine.values = torch.cat([_pad_left(mine.values, length - la), _pad_left(theirs.values, length - lb)])
-
-
-def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
-    """Pad the sequence dimension (dim 1 of a mask [B,L], dim 2 of keys [B,H,L,D]) with n zeros."""
-    if n == 0:
-        return t
-    dim = 1 if t.dim() == 2 else 2
-    shape = list(t.shape)
-    shape[dim] = n
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-
 class ModelRunner:
     """Runs prefill and decode forwards; holds the model behind a lock for weight swaps."""
 
-    def __init__(self, model_path: str, dtype: str = "auto", device: str = "cpu"):
+    def __init__(self, model_path: str, dtype: str = "auto", device: str = "cpu", model_impl: str = "auto"):
+        if model_impl not in MODEL_IMPLS:
+            raise ValueError(f"--model-impl {model_impl!r} is not one of {MODEL_IMPLS}")
         self.device = device
         self.dtype = resolve_dtype(dtype, model_path)
         self.model = load_model(model_path, self.dtype, device)
@@ -114,66 +80,51 @@ class ModelRunner:
         self.vocab_size = int(self.config.vocab_size)
         # Held for the duration of a forward and of a weight load, so weights never change mid-step.
         self.lock = threading.RLock()
-        layer_types = getattr(self.config, "layer_types", None) or ["full_attention"]
-        # Decode steps may pass a ready 4D mask (transformers uses it as is), skipping mask
-        # construction that costs as much as the forward of a tiny model. Only valid when no
-        # layer needs a sliding-window mask.
-        self._prebuilt_decode_mask = all(t == "full_attention" for t in layer_types)
+        self.forward = self._choose(model_impl)
+        self.impl: str = self.forward.name
         self.lora = AdapterSet(self.model, self.lock)  # disabled until the CLI enables it (--enable-lora)
+
+    @property
+    def lora(self) -> AdapterSet:
+        return self._lora
+
+    @lora.setter
+    def lora(self, adapters: AdapterSet) -> None:
+        self._lora = self.forward.lora = adapters  # the lean forward applies them itself
+
+    def _choose(self, model_impl: str) -> LeanModel | TransformersForward:
+        reason = unsupported_reason(self.model) if model_impl != "transformers" else None
+        if model_impl == "transformers" or (model_impl == "auto" and reason is not None):
+            if reason is not None:
+                logger.info("model runner: transformers forward (the lean forward does not run this model: %s)", reason)
+            return TransformersForward(self.model, self.dtype, self.device)
+        if reason is not None:
+            raise ValueError(
+                f"--model-impl arealite cannot run {self.config.model_type!r}: {reason}. "
+                "Pass --model-impl transformers (or auto)"
+            )
+        return LeanModel(self.model, self.dtype, self.device)
+
+    def new_batch(self) -> Batch:
+        """An empty batch of running rows for this runner's forward."""
+        return self.forward.new_batch()
 
     @torch.inference_mode()
     def prefill(
-        self, prompts: list[list[int]], all_logits: bool = False, adapters: list | None = None
-    ) -> tuple[torch.Tensor, KVBatch]:
-        """Run left-padded prompts; returns fp32 logits ([n, V] last position, or [n, L, V]) and their cache.
-        `adapters[i]`: the LoRA adapter of prompt i (None: the base model)."""
-        length = max(len(p) for p in prompts)
-        ids = torch.zeros(len(prompts), length, dtype=torch.long)
-        mask = torch.zeros(len(prompts), length, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, length - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, length - len(p) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        # No config: every layer is a plain full-length DynamicLayer that merge/select can
-        # pad and slice; sliding-window models still get their window from the attention mask.
-        cache = DynamicCache()
+        self, batch: Batch, prompts: list[list[int]], all_logits: bool = False, adapters: list | None = None
+    ) -> torch.Tensor:
+        """Append `prompts` to `batch` as its last rows; returns fp32 logits ([n, V] at the last
+        position, or with `all_logits` [n, L, V] left-padded). `adapters[i]`: prompt i's LoRA
+        adapter (None: the base model)."""
         with self.lock, self.lora.rows(adapters):
-            out = self.model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=0 if all_logits else 1,
-            )
-        logits = out.logits.float()
-        next_pos = mask.sum(1)
-        return (logits if all_logits else logits[:, -1]), KVBatch(out.past_key_values, mask, next_pos)
+            return self.forward.prefill(batch, prompts, all_logits)
 
     @torch.inference_mode()
-    def decode(self, batch: KVBatch, tokens: torch.Tensor, adapters: list | None = None) -> torch.Tensor:
+    def decode(self, batch: Batch, tokens: torch.Tensor, adapters: list | None = None) -> torch.Tensor:
         """Feed one pending token per row ([B] long); extends the cache; returns fp32 logits [B, V]."""
-        mask = torch.cat([batch.mask, batch.mask.new_ones(batch.size, 1)], dim=1)
-        attention = mask
-        if self._prebuilt_decode_mask:
-            # Additive [B, 1, 1, L]: 0 on real tokens, dtype-min on padding (one query per row).
-            attention = (1 - mask)[:, None, None, :].to(self.dtype) * torch.finfo(self.dtype).min
         with self.lock, self.lora.rows(adapters):
-            out = self.model(
-                input_ids=tokens.to(self.device)[:, None],
-                attention_mask=attention,
-                position_ids=batch.next_pos[:, None],
-                past_key_values=batch.cache,
-                use_cache=True,
-            )
-        batch.cache = out.past_key_values
-        batch.mask = mask
-        batch.next_pos = batch.next_pos + 1
-        return out.logits[:, -1].float()
+            return self.forward.decode(batch, tokens)
 
-    def swap_model(self, model: torch.nn.Module) -> None:
-        """Replace the whole model (disk update); the caller has checked the architecture."""
-        with self.lock:
-            self.model = model
-            self.config = model.config
+    def weights_changed(self) -> None:
+        """Called (under the lock) after weights were copied into the model."""
+        self.forward.refresh()

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from arealite.server.model_runner import KVBatch, ModelRunner
+from arealite.server.model_runner import ModelRunner
 from arealite.server.request import ABORT_RUNNING, ABORT_WAITING, Req
 from arealite.server.sampling import apply_penalties, sample
 
@@ -49,7 +49,7 @@ class Scheduler:
         self.weight_version = weight_version
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
-        self.kv: KVBatch | None = None
+        self.kv = runner.new_batch()  # row i is running[i]
         self.paused = False
         self.last_beat = time.monotonic()
         self.decode_steps = 0
@@ -117,7 +117,8 @@ class Scheduler:
                 for req in self.running + self._admitting:
                     if req.finish_reason is None:
                         req.finish(reason)
-                self.running, self.kv = [], None
+                self.running = []
+                self.kv.clear()
             self._admitting = []
         for req in list(self.waiting) + self.running:
             req.finish(ABORT_WAITING if not req.started else ABORT_RUNNING)
@@ -168,17 +169,14 @@ class Scheduler:
         for req in reversed(self.running):
             req.num_retractions += 1
             self.waiting.appendleft(req)
-        self.running, self.kv = [], None
+        self.running = []
+        self.kv.clear()
 
     def _drop_rows(self, rows: set[int]) -> None:
         if not rows:
             return
-        keep = [i for i in range(len(self.running)) if i not in rows]
-        self.running = [self.running[i] for i in keep]
-        if not self.running:
-            self.kv = None
-        else:
-            self.kv.select(keep)
+        order = self.kv.drop(rows)  # the batch may reorder rows (the lean cache moves its last rows into holes)
+        self.running = [self.running[i] for i in order]
 
     def _reserved(self, req: Req) -> int:
         return len(req.prompt) + req.max_new_tokens
@@ -206,25 +204,18 @@ class Scheduler:
         if not batch:
             return
         want_input = [r for r in batch if r.logprob_start_len >= 0 and not r.started]
-        logits, kv = self.runner.prefill(
-            [r.tokens for r in batch], all_logits=bool(want_input), adapters=[r.lora for r in batch]
+        first = len(self.running)
+        logits = self.runner.prefill(
+            self.kv, [r.tokens for r in batch], all_logits=bool(want_input), adapters=[r.lora for r in batch]
         )
+        self.running.extend(batch)  # they are the batch's rows first, first + 1, ...
         if want_input:
             self._input_logprobs(batch, logits)
             logits = logits[:, -1]
         for r in batch:
             r.started = True
         finished = self._sample_and_advance(batch, logits)
-        survivors = [i for i in range(len(batch)) if i not in finished]
-        if not survivors:
-            return
-        kv.select(survivors)
-        batch = [batch[i] for i in survivors]
-        if self.kv is None:
-            self.kv, self.running = kv, batch
-        else:
-            self.kv.merge(kv)
-            self.running.extend(batch)
+        self._drop_rows({first + i for i in finished})
 
     def _input_logprobs(self, batch: list[Req], logits: torch.Tensor) -> None:
         """Prompt logprobs from position `logprob_start_len` on; the first entry is None (SGLang)."""

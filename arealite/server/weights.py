@@ -37,7 +37,8 @@ def _named_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def copy_into(state: ServerState, named: dict[str, torch.Tensor]) -> None:
-    """Copy tensors into the model by HF name, under the model lock; unknown names raise."""
+    """Copy tensors into the model by HF name, under the model lock; unknown names raise.
+    In place: the lean forward's fused q/k/v and gate/up buffers are what these names view."""
     params = _named_tensors(state.runner.model)
     for name, tensor in named.items():
         if name not in params:
@@ -47,6 +48,7 @@ def copy_into(state: ServerState, named: dict[str, torch.Tensor]) -> None:
     with state.runner.lock, torch.no_grad():
         for name, tensor in named.items():
             params[name].copy_(tensor.to(params[name].dtype))
+        state.runner.weights_changed()
 
 
 def _read_checkpoint(model_path: str) -> dict[str, torch.Tensor]:

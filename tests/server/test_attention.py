@@ -1,5 +1,6 @@
 """The server's grouped-query sdpa against transformers' eager attention (repeat_kv)."""
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -28,15 +29,17 @@ def test_grouped_heads_match_repeated_kv_for_prefill_and_decode():
         assert_close(out, _eager_reference(q, k, v, mask), n=6 * 8)  # softmax over 6 keys of dim 8
 
 
-def test_runner_matches_eager_model_and_stays_finite_on_left_padding(tiny_model_dir):
-    runner = ModelRunner(tiny_model_dir)
+@pytest.mark.parametrize("impl", ["transformers", "arealite"])
+def test_runner_matches_eager_model_and_stays_finite_on_left_padding(tiny_model_dir, impl):
+    runner = ModelRunner(tiny_model_dir, model_impl=impl)
     eager = AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, dtype=torch.float32, attn_implementation="eager"
     ).eval()
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
-    logits, kv = runner.prefill(prompts, all_logits=True)
+    batch = runner.new_batch()
+    logits = runner.prefill(batch, prompts, all_logits=True)
     assert torch.isfinite(logits).all()  # the padding rows of short prompts too
-    step = runner.decode(kv, torch.tensor([20, 21, 22]))
+    step = runner.decode(batch, torch.tensor([20, 21, 22]))
     with torch.no_grad():
         for i, p in enumerate(prompts):
             ref = eager(input_ids=torch.tensor([p + [20 + i]])).logits[0]

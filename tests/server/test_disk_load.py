@@ -26,8 +26,8 @@ def test_tied_checkpoint_loads_and_matches_a_fresh_model(tiny_model_dir, tmp_pat
     load_from_disk(SimpleNamespace(runner=runner), new)
     fresh = ModelRunner(new)
     prompts = [[5, 6, 7, 8], [9, 10]]
-    got, _ = runner.prefill(prompts)
-    want, _ = fresh.prefill(prompts)
+    got = runner.prefill(runner.new_batch(), prompts)
+    want = fresh.prefill(fresh.new_batch(), prompts)
     assert torch.equal(got, want)
     assert runner.model.lm_head.weight.data_ptr() == runner.model.model.embed_tokens.weight.data_ptr()  # still tied
 

@@ -87,39 +87,43 @@ def test_sample_logprobs_are_tempered_log_softmax():
     assert out.tokens[2] in logits[2].topk(2).indices
 
 
-def test_kv_batch_join_and_leave_equals_solo(model_dir):
-    """Rows joining (merge) and leaving (select) give the same logits as each sequence alone."""
+@pytest.mark.parametrize("impl", ["transformers", "arealite"])
+def test_kv_batch_join_and_leave_equals_solo(model_dir, impl):
+    """Rows joining (prefill into a running batch) and leaving (drop) give the same logits
+    as each sequence alone, whatever order the batch keeps its rows in."""
     torch.set_num_threads(1)
-    runner = ModelRunner(model_dir)
-    prompts = [[1, 2, 3, 4, 5], [9, 8], [100, 101, 102, 103, 104, 105, 106, 107]]
+    runner = ModelRunner(model_dir, model_impl=impl)
+    prompts = [[1, 2, 3, 4, 5], [9, 8], [100, 101, 102, 103, 104, 105, 106, 107], [7, 7, 7]]
 
     def solo(prompt: list[int], steps: int) -> list[torch.Tensor]:
-        logits, kv = runner.prefill([prompt])
+        batch = runner.new_batch()
+        logits = runner.prefill(batch, [prompt])
         rows, token = [logits[0]], logits[0].argmax()[None]
         for _ in range(steps):
-            logits = runner.decode(kv, token)
+            logits = runner.decode(batch, token)
             rows.append(logits[0])
             token = logits[0].argmax()[None]
         return rows
 
     refs = [solo(p, 6) for p in prompts]
-    logits, kv = runner.prefill(prompts[:2])
+    batch = runner.new_batch()
+    logits = runner.prefill(batch, prompts[:2])
     got = {0: [logits[0]], 1: [logits[1]]}
-    live = [0, 1]
+    live = [0, 1]  # the sequence in each row of the batch
     for step in range(6):
-        if step == 2:  # a newcomer joins between decode steps
-            new_logits, new_kv = runner.prefill([prompts[2]])
-            kv.merge(new_kv)
-            got[2] = [new_logits[0]]
-            live.append(2)
-        if step == 4:  # the longest-running row leaves
-            kv.select([1, 2])
-            live = [1, 2]
+        if step == 2:  # newcomers join between decode steps
+            new_logits = runner.prefill(batch, prompts[2:])
+            got[2], got[3] = [new_logits[0]], [new_logits[1]]
+            live += [2, 3]
+        if step == 4:  # the longest-running row leaves; the others may change rows
+            order = batch.drop({0})
+            live = [live[i] for i in order]
+            assert sorted(live) == [1, 2, 3]
         tokens = torch.stack([got[i][-1].argmax() for i in live])
-        logits = runner.decode(kv, tokens)
+        logits = runner.decode(batch, tokens)
         for row, i in enumerate(live):
             got[i].append(logits[row])
     for i, rows in got.items():
         for a, b in zip(rows, refs[i]):
             assert_close(a, b, n=64)  # fp32 logits through the tiny model's 64-long dot products
-    assert kv.mask.shape[0] == 2
+    assert batch.size == 3
