@@ -6,6 +6,7 @@ tensors are `[B]`. `versions` pads with -1 (no policy produced a pad), everythin
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
 import torch
@@ -53,29 +54,50 @@ def trajectory_from_tokens(
     prompt and output token lists. `output_loss_mask` (default all ones) lets a workflow mark
     output tokens it did not generate, such as tool or feedback text, with 0."""
     rows = len(prompt_ids)
-    width = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
-    # built as padded Python lists, then one tensor per key: far cheaper than per-row tensor ops
-    ids, attn, mask, logp, vers = [], [], [], [], []
+    plens = [len(p) for p in prompt_ids]
+    lens = [p + len(o) for p, o in zip(plens, output_ids)]
+    width = max(lens)
+    # Filled row by row into flat typed arrays (C-speed extends), then viewed as [B, T] tensors
+    # without a per-element conversion: this runs once per trajectory on the rollout client's
+    # event loop, where its cost adds to every sample (benchmarks/rollout_overhead.py).
+    ids, logp, vers, mask = array("q"), array("f"), array("q"), array("i")
     for b in range(rows):
-        p, o = len(prompt_ids[b]), len(output_ids[b])
+        p, o = plens[b], lens[b] - plens[b]
         if len(output_logprobs[b]) != o or len(output_versions[b]) != o:
             raise ValueError(
                 f"sample {b}: {o} output tokens but {len(output_logprobs[b])} logprobs "
                 f"and {len(output_versions[b])} versions; they must align one to one"
             )
-        m = [1] * o if output_loss_mask is None else [int(x) for x in output_loss_mask[b]]
-        if len(m) != o:
-            raise ValueError(f"sample {b}: {o} output tokens but a loss mask of {len(m)}")
         pad = width - p - o
-        ids.append(list(prompt_ids[b]) + list(output_ids[b]) + [0] * pad)
-        attn.append([True] * (p + o) + [False] * pad)
-        mask.append([0] * p + m + [0] * pad)
-        logp.append([0.0] * p + [lp if k else 0.0 for lp, k in zip(output_logprobs[b], m)] + [0.0] * pad)
-        vers.append([-1] * p + [v if k else -1 for v, k in zip(output_versions[b], m)] + [-1] * pad)
+        ids.extend(prompt_ids[b])
+        ids.extend(output_ids[b])
+        ids.extend([0] * pad)
+        logp.extend([0.0] * p)
+        vers.extend([-1] * p)
+        if output_loss_mask is None:
+            logp.extend(output_logprobs[b])
+            vers.extend(output_versions[b])
+        else:
+            m = [int(x) for x in output_loss_mask[b]]
+            if len(m) != o:
+                raise ValueError(f"sample {b}: {o} output tokens but a loss mask of {len(m)}")
+            mask.extend([0] * p + m + [0] * pad)
+            logp.extend([lp if k else 0.0 for lp, k in zip(output_logprobs[b], m)])
+            vers.extend([v if k else -1 for v, k in zip(output_versions[b], m)])
+        logp.extend([0.0] * pad)
+        vers.extend([-1] * pad)
+    columns = torch.arange(width)[None, :]
+    attention = columns < torch.tensor(lens)[:, None]
+    if output_loss_mask is None:  # every output token
+        loss_mask = ((columns >= torch.tensor(plens)[:, None]) & attention).to(torch.int32)
+    else:
+        loss_mask = torch.frombuffer(mask, dtype=torch.int32).view(rows, width)
     return {
-        "input_ids": torch.tensor(ids, dtype=torch.long),  # [B, T]
-        "attention_mask": torch.tensor(attn, dtype=torch.bool),  # [B, T]
-        "loss_mask": torch.tensor(mask, dtype=torch.int32),  # [B, T]
-        "logprobs": torch.tensor(logp, dtype=torch.float32),  # [B, T], aligned to the token itself
-        "versions": torch.tensor(vers, dtype=torch.long),  # [B, T], -1 on prompt and pad
+        "input_ids": torch.frombuffer(ids, dtype=torch.long).view(rows, width),  # [B, T]
+        "attention_mask": attention,  # [B, T] bool
+        "loss_mask": loss_mask,  # [B, T] int32
+        "logprobs": torch.frombuffer(logp, dtype=torch.float32).view(
+            rows, width
+        ),  # [B, T], aligned to the token itself
+        "versions": torch.frombuffer(vers, dtype=torch.long).view(rows, width),  # [B, T], -1 on prompt and pad
     }
