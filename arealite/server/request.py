@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from arealite.server.sampling import SamplingParams
+from arealite.server.sampling import SamplingParams, UniformStream
 
 # finish_reason objects exactly as SGLang serializes them (docs/protocol.md §1.6).
 ABORT_RUNNING = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
@@ -42,12 +42,12 @@ class Req:
     num_retractions: int = 0
     started: bool = False  # prefilled at least once (a queued abort has no prompt_tokens)
     created: float = field(default_factory=time.perf_counter)
-    generator: torch.Generator | None = None
+    uniforms: UniformStream | None = None  # this request's sampling draws (seeded)
     counts: torch.Tensor | None = None  # [V] output-token counts, for penalties
     seen: torch.Tensor | None = None  # [V] bool, prompt + output tokens, for repetition penalty
 
     def __post_init__(self) -> None:
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.uniforms = UniformStream(self.seed)
 
     @property
     def tokens(self) -> list[int]:

@@ -136,23 +136,45 @@ def apply_penalties(
     logits.copy_(torch.where(seen & (rep != 1.0), penalized, logits))
 
 
+class UniformStream:
+    """One request's uniform [0, 1) draws, from its own seeded generator.
+
+    Drawn `CHUNK` at a time and handed out one per sampled token: the same seed gives the same
+    stream, whichever batch the request shares, and a decode step of B rows costs one list
+    pop per row instead of B generator calls (a tenth of a tiny model's decode step)."""
+
+    CHUNK = 64
+
+    def __init__(self, seed: int):
+        self.generator = torch.Generator().manual_seed(seed)
+        self._left: list[float] = []
+
+    def next(self) -> float:
+        if not self._left:
+            self._left = torch.rand(self.CHUNK, generator=self.generator).tolist()[::-1]
+        return self._left.pop()
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
-    generators: list[torch.Generator],
+    streams: list[UniformStream],
     top_logprobs_num: int = 0,
 ) -> SampleOutput:
-    """Choose one token per row of fp32 `logits` [B, V] (already penalized and masked)."""
-    temps = logits.new_tensor([1.0 if p.greedy else p.temperature for p in params])
-    scaled = logits / temps[:, None]
+    """Choose one token per row of fp32 `logits` [B, V] (already penalized and masked);
+    `streams[i]` gives row i its uniform draw (greedy rows draw nothing)."""
+    temps = [1.0 if p.greedy else p.temperature for p in params]
+    scaled = logits if all(t == 1.0 for t in temps) else logits / logits.new_tensor(temps)[:, None]
     logprobs_all = torch.log_softmax(scaled, dim=-1)  # [B, V]
-    tokens = scaled.argmax(dim=-1)
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
-    if sampled_rows:
-        rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
-        sub = [params[i] for i in sampled_rows]
-        uniforms = torch.cat([torch.rand(1, generator=generators[i]) for i in sampled_rows])
-        tokens[rows] = _sample_truncated(scaled[rows], sub, uniforms.to(scaled.device))
+    uniforms = scaled.new_tensor([streams[i].next() for i in sampled_rows])
+    if len(sampled_rows) == len(params):  # the usual RL batch: every row samples
+        tokens = _sample_truncated(scaled, params, uniforms)
+    else:
+        tokens = scaled.argmax(dim=-1)
+        if sampled_rows:
+            rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
+            tokens[rows] = _sample_truncated(scaled[rows], [params[i] for i in sampled_rows], uniforms)
     chosen = logprobs_all.gather(1, tokens[:, None])[:, 0]
     top_ids = top_lp = None
     if top_logprobs_num > 0:

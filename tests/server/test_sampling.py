@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from arealite.server.model_runner import ModelRunner
-from arealite.server.sampling import SamplingParams, _sample_truncated, apply_penalties, sample
+from arealite.server.sampling import SamplingParams, UniformStream, _sample_truncated, apply_penalties, sample
 from tests.tolerance import assert_close, close
 
 
@@ -77,8 +77,8 @@ def test_sample_logprobs_are_tempered_log_softmax():
         SamplingParams(temperature=0.5),
         SamplingParams(temperature=1.3, top_k=2),
     ]
-    gens = [torch.Generator().manual_seed(i) for i in range(3)]
-    out = sample(logits, params, gens, top_logprobs_num=4)
+    streams = [UniformStream(i) for i in range(3)]
+    out = sample(logits, params, streams, top_logprobs_num=4)
     assert out.tokens[0] == logits[0].argmax()
     for b, t in enumerate((1.0, 0.5, 1.3)):
         ref = torch.log_softmax(logits[b] / t, -1)
@@ -127,3 +127,18 @@ def test_kv_batch_join_and_leave_equals_solo(model_dir, impl):
         for a, b in zip(rows, refs[i]):
             assert_close(a, b, n=64)  # fp32 logits through the tiny model's 64-long dot products
     assert batch.size == 3
+
+
+def test_a_rows_draws_follow_its_seed_whatever_shares_the_batch():
+    """Seeded sampling is per request: the same seed gives the same tokens alone or in a batch
+    with other rows (sampled or greedy), across the stream's chunk boundary."""
+    torch.manual_seed(5)
+    steps = UniformStream.CHUNK + 10
+    logits = torch.randn(steps, 4, 50)  # per step: the row of interest, then three others
+    params = [SamplingParams(temperature=0.8), SamplingParams(temperature=0.0), SamplingParams(), SamplingParams()]
+    alone, shared = UniformStream(11), [UniformStream(11), UniformStream(1), UniformStream(2), UniformStream(3)]
+    got_alone = [sample(logits[s, :1], params[:1], [alone]).tokens[0].item() for s in range(steps)]
+    got_shared = [sample(logits[s], params, shared).tokens[0].item() for s in range(steps)]
+    assert got_alone == got_shared
+    other = UniformStream(12)
+    assert got_alone != [sample(logits[s, :1], params[:1], [other]).tokens[0].item() for s in range(steps)]
