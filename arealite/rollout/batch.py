@@ -92,12 +92,11 @@ def trajectory_from_tokens(
         loss_mask = ((columns >= torch.tensor(plens)[:, None]) & attention).to(torch.int32)
     else:
         loss_mask = torch.frombuffer(mask, dtype=torch.int32).view(rows, width)
+    # All [B, T]: logprobs aligned to the token itself, versions -1 on prompt and pad.
     return {
-        "input_ids": torch.frombuffer(ids, dtype=torch.long).view(rows, width),  # [B, T]
-        "attention_mask": attention,  # [B, T] bool
-        "loss_mask": loss_mask,  # [B, T] int32
-        "logprobs": torch.frombuffer(logp, dtype=torch.float32).view(
-            rows, width
-        ),  # [B, T], aligned to the token itself
-        "versions": torch.frombuffer(vers, dtype=torch.long).view(rows, width),  # [B, T], -1 on prompt and pad
+        "input_ids": torch.frombuffer(ids, dtype=torch.long).view(rows, width),
+        "attention_mask": attention,  # bool
+        "loss_mask": loss_mask,  # int32
+        "logprobs": torch.frombuffer(logp, dtype=torch.float32).view(rows, width),
+        "versions": torch.frombuffer(vers, dtype=torch.long).view(rows, width),
     }

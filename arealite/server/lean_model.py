@@ -72,7 +72,20 @@ class _Layer:
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor
     down_bias: torch.Tensor | None
-    names: dict[str, str]  # q_proj... -> the module's HF name (adapters are keyed by it)
+    # LoRA: per fused matmul, (module's HF name, first output column, end column) of each part
+    lora_qkv: tuple[tuple[str, int, int], ...]
+    lora_o: tuple[tuple[str, int, int], ...]
+    lora_gate_up: tuple[tuple[str, int, int], ...]
+    lora_down: tuple[tuple[str, int, int], ...]
+
+
+def _spans(names: dict[int, str], linears: list[torch.nn.Linear]) -> tuple[tuple[str, int, int], ...]:
+    """(HF name, first column, end column) of each linear's part of their fused output."""
+    spans, offset = [], 0
+    for m in linears:
+        spans.append((names[id(m)], offset, offset + m.out_features))
+        offset += m.out_features
+    return tuple(spans)
 
 
 def _fuse(linears: list[torch.nn.Linear], attr: str) -> torch.Tensor | None:
@@ -124,8 +137,6 @@ class LeanModel:
                 fused.update(gate_up=_fuse(gate_up, "weight"), gate_up_bias=_fuse(gate_up, "bias"))
                 for m in qkv + gate_up:
                     self._installed += [(m, a, getattr(m, a)) for a in ("weight", "bias") if getattr(m, a) is not None]
-                modules = {f"{k}_proj": getattr(attn, f"{k}_proj") for k in "qkvo"}
-                modules.update({f"{k}_proj": getattr(mlp, f"{k}_proj") for k in ("gate", "up", "down")})
                 norm1, norm2 = layer.input_layernorm, layer.post_attention_layernorm
                 self.layers.append(
                     _Layer(
@@ -141,13 +152,16 @@ class LeanModel:
                         gate_up_bias=fused["gate_up_bias"],
                         down=mlp.down_proj.weight,
                         down_bias=mlp.down_proj.bias,
-                        names={k: names[id(m)] for k, m in modules.items()},
+                        lora_qkv=_spans(names, qkv),
+                        lora_o=_spans(names, [attn.o_proj]),
+                        lora_gate_up=_spans(names, gate_up),
+                        lora_down=_spans(names, [mlp.down_proj]),
                     )
                 )
         self.embed = self.model.model.embed_tokens.weight
         self.norm, self.norm_eps = self.model.model.norm.weight, float(self.model.model.norm.variance_epsilon)
         self.lm_head = self.model.lm_head
-        self.lm_head_name = names[id(self.lm_head)]
+        self.lora_lm_head = _spans(names, [self.lm_head])
 
     def refresh(self) -> None:
         """After a weight update: re-fuse if a fused parameter was replaced instead of copied into."""
@@ -178,9 +192,9 @@ class LeanModel:
         return weight * F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype)
 
     def _linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *lora: tuple[str, int, int]
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, lora: tuple[tuple[str, int, int], ...]
     ) -> torch.Tensor:
-        """x @ weight.T + bias, plus the active adapters of module `name` on output columns [a, b)."""
+        """x @ weight.T + bias, plus the active adapters of each (module, a, b) in `lora` on output columns [a, b)."""
         out = F.linear(x, weight, bias)
         if self.lora is not None and self.lora.active:
             for name, a, b in lora:
@@ -195,32 +209,24 @@ class LeanModel:
     def _layer(self, x: torch.Tensor, i: int, attend) -> torch.Tensor:
         """One decoder layer on x [..., hidden]; `attend(i, qk, v)` does rotary, cache and attention."""
         layer, d = self.layers[i], self.head_dim
-        qk_width, kv_width = (self.heads + self.kv_heads) * d, self.kv_heads * d
-        names = layer.names
+        qk_width = (self.heads + self.kv_heads) * d
         h = self._norm(x, layer.norm1, layer.eps1)
-        q_width = self.heads * d
-        lora = ((names["q_proj"], 0, q_width), (names["k_proj"], q_width, qk_width))
-        lora += ((names["v_proj"], qk_width, qk_width + kv_width),)
-        qkv = self._linear(h, layer.qkv, layer.qkv_bias, *lora)
+        qkv = self._linear(h, layer.qkv, layer.qkv_bias, layer.lora_qkv)
         attn = attend(
             i,
             qkv[..., :qk_width].unflatten(-1, (self.heads + self.kv_heads, d)),
             qkv[..., qk_width:].unflatten(-1, (self.kv_heads, d)),
         )
-        x = x + self._linear(attn, layer.o, layer.o_bias, (names["o_proj"], 0, x.shape[-1]))
+        x = x + self._linear(attn, layer.o, layer.o_bias, layer.lora_o)
         h = self._norm(x, layer.norm2, layer.eps2)
+        gate_up = self._linear(h, layer.gate_up, layer.gate_up_bias, layer.lora_gate_up)
         inter = self.intermediate
-        gate_up = self._linear(
-            h, layer.gate_up, layer.gate_up_bias, (names["gate_proj"], 0, inter), (names["up_proj"], inter, 2 * inter)
-        )
         act = F.silu(gate_up[..., :inter]) * gate_up[..., inter:]
-        return x + self._linear(act, layer.down, layer.down_bias, (names["down_proj"], 0, x.shape[-1]))
+        return x + self._linear(act, layer.down, layer.down_bias, layer.lora_down)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         h = self._norm(x, self.norm, self.norm_eps)
-        return self._linear(
-            h, self.lm_head.weight, self.lm_head.bias, (self.lm_head_name, 0, self.lm_head.out_features)
-        ).float()
+        return self._linear(h, self.lm_head.weight, self.lm_head.bias, self.lora_lm_head).float()
 
     def prefill(self, cache: KVCache, prompts: list[list[int]], all_logits: bool) -> torch.Tensor:
         """Prompts appended to `cache` as new rows; fp32 logits [n, V] at each prompt's last
