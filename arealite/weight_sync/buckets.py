@@ -20,7 +20,13 @@ WeightSpec = tuple[str, str, list[int]]  # (name, torch dtype attribute name, sh
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    """The whole tensor behind `t`. A DTensor on a one-rank mesh already holds all of it
+    locally, so it is returned without the all-gather (a view: callers copy before writing)."""
+    if not isinstance(t, DTensor):
+        return t
+    if t.device_mesh.size() == 1:
+        return t.to_local()
+    return t.full_tensor()
 
 
 def unique_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
