@@ -267,7 +267,7 @@ def main() -> None:
         serve_stub(args.serve_stub, args.stub_delay)
         return
     if args.smoke:
-        args.episodes, args.stub_in_flight, args.in_flight, args.pairs, args.max_new_tokens = 64, 64, 16, 2, 4
+        args.episodes, args.stub_in_flight, args.in_flight, args.pairs, args.max_new_tokens = 64, 64, 16, 2, 32
     cpus = sorted(os.sched_getaffinity(0))
     server_cpus, client_cpus = {cpus[0]}, set(cpus[1:]) or {cpus[0]}
     print(harness.machine_line())
@@ -326,7 +326,12 @@ def real_server_measurement(
 
 def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
     pct = [(o / r - 1) * 100 for r, o in zip(m["raw"], m["orchestrated"])]
-    cpu_pct = [(o - r) / s * 100 for r, o, s in zip(m["raw_cpu"], m["orchestrated_cpu"], m["raw_server_cpu"])]
+    # psutil counts CPU time in clock ticks (10 ms on Linux): a pair whose server used less than a
+    # tick has no measurable denominator and is left out of the figure (it happens only in tiny runs).
+    triples = [t for t in zip(m["raw_cpu"], m["orchestrated_cpu"], m["raw_server_cpu"]) if t[2] > 0]
+    if not triples:
+        raise SystemExit("every raw run used less server CPU than the clock resolves: raise --max-new-tokens")
+    cpu_pct = [(o - r) / s * 100 for r, o, s in triples]
     print(
         f"built-in server, {args.in_flight} requests in flight, {args.max_new_tokens} new tokens, {args.pairs} pairs:"
     )
@@ -336,6 +341,8 @@ def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
         print(f"  {name:<12} server CPU s: {harness.spread(m[name + '_server_cpu'], '.3f')}")
         print(f"  {name:<12} server decode steps: {harness.spread(m[name + '_steps'], '.0f')}")
     print(f"  wall-time overhead, % (paired; for reference, noisy on a shared machine): {harness.spread(pct, '.2f')}")
+    if len(triples) < len(pct):
+        print(f"  {len(pct) - len(triples)} pairs left out: their raw server CPU was below one clock tick")
     print(f"  extra client CPU / server CPU, % (paired; the figure): {harness.spread(cpu_pct, '.2f')}")
     print(harness.load_line())
     print(f"overhead_pct={harness.quartiles(cpu_pct)[2]:.2f}")

@@ -26,7 +26,7 @@ from arealite.server.request import Req
 from arealite.server.state import ServerState
 
 DEFAULT_MAX_NEW_TOKENS = 128
-DISCONNECT_CHECK_S = 1.0  # how often a waiting non-stream call checks that its client is still there
+DISCONNECT_CHECK_S = 0.25  # how often a waiting non-stream call checks that its client is still there
 
 
 def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
@@ -132,22 +132,30 @@ def _submit(state: ServerState, reqs: list[Req], events: asyncio.Queue) -> None:
 
 
 async def _wait_all(request: web.Request, state: ServerState, reqs: list[Req], events: asyncio.Queue) -> None:
-    """Wait for every final event; abort our requests if the client goes away (§1.7)."""
-    pending = len(reqs)
+    """Wait for every final event; abort our requests if the client goes away (§1.7).
+
+    The client is checked every DISCONNECT_CHECK_S whether or not events keep arriving (a
+    busy batch emits them faster than that, and a check only on silence would never run)."""
+    loop = asyncio.get_running_loop()
+    pending, next_check, aborted = len(reqs), loop.time() + DISCONNECT_CHECK_S, False
     while pending:
         try:
-            _, _, finished = await asyncio.wait_for(events.get(), timeout=DISCONNECT_CHECK_S)
+            _, _, finished = await asyncio.wait_for(events.get(), timeout=max(0.0, next_check - loop.time()))
             pending -= int(finished)
         except asyncio.TimeoutError:
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                for req in reqs:
-                    if req.finish_reason is None:
-                        state.scheduler.abort(req.rid)
+            pass
         except asyncio.CancelledError:
             for req in reqs:
                 state.scheduler.abort(req.rid)
             raise
+        if not aborted and loop.time() >= next_check:
+            next_check = loop.time() + DISCONNECT_CHECK_S
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                aborted = True
+                for req in reqs:
+                    if req.finish_reason is None:
+                        state.scheduler.abort(req.rid)
 
 
 async def _stream(request: web.Request, state: ServerState, call: GenerateCall) -> web.StreamResponse:
