@@ -361,5 +361,6 @@ class FSDPEngine:
         load_train_state(self.model, self.optimizer, self.scheduler, path)
 
     def export_weights(self, dtype: torch.dtype | None = None):
-        """Iterator of (name, full tensor); collective — every rank must exhaust it."""
+        """Iterator of (name, full tensor); collective — every rank must exhaust it. On a one-rank
+        trainer the tensors are views of the live parameters, like `state_dict()`: clone to keep them."""
         return iter_full_weights(self.model, dtype)

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from torch.distributed.tensor import DTensor
 
 from arealite import world
 from arealite.config import LoRAConfig
+from arealite.weight_sync.buckets import full_tensor
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
@@ -88,13 +88,12 @@ def saved_name(name: str) -> str:
 
 
 def adapter_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """{peft saved name: full tensor (CPU)} of the adapter; collective (every rank gathers)."""
+    """{peft saved name: full tensor (CPU)} of the adapter; collective (every rank gathers).
+    On one CPU rank the tensors are the live parameters (see `full_tensor`): write them out at once."""
     out = {}
     for name, p in model.named_parameters():
         if is_adapter_parameter(name):
-            t = p.detach()
-            t = t.full_tensor() if isinstance(t, DTensor) else t
-            out[saved_name(name)] = t.cpu().contiguous()
+            out[saved_name(name)] = full_tensor(p.detach()).cpu().contiguous()
     return out
 
 

@@ -381,8 +381,7 @@ def test_server_still_serves_after_errors(server):
 
 def test_client_disconnect_aborts_generation(server):
     """A non-stream client that gives up (timeout) cancels its generation server-side (docs/protocol.md §1.7)."""
-    # A 64-prompt batch of 1,000 tokens each takes seconds; the server checks every 0.25 s, even while
-    # its tokens keep coming.
+    # A 64-prompt batch of 1,000 tokens each takes seconds; the server checks its client every 0.25 s.
     body = {"input_ids": [[1, i] for i in range(64)], "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
     steps = server.get("/get_server_info")[1]["internal_states"][0]["decode_steps"]
     payload = json.dumps(body).encode()
