@@ -4,10 +4,11 @@ same cores and the same trained samples, timed from the first step, one run.
     PYTHONPATH=. python benchmarks/async_speedup.py [--steps 48] [--repeats 5] [--offpolicyness 2] \
         [--sync-batches 1 2 3] [--batch-size 4] [--group-size 4] [--max-new-tokens 192] [--no-split] [--smoke]
 
-A generation-bound setting: the tiny random Qwen2 (arealite.tools.tiny_model) writes long
-completions (`--max-new-tokens`; EOS still ends a sample), so that even the best sync
-configuration spends more time per batch generating than training (its per-batch phases are
-printed; with 128 tokens the two were about equal on the development VM). 48 steps make the
+Meant as a generation-bound setting: the tiny random Qwen2 (arealite.tools.tiny_model) writes
+long completions (`--max-new-tokens`; EOS still ends a sample), so that the best sync
+configuration spends more time per batch generating than training (with 128 tokens the two
+were about equal on the development VM). The balance moves with the machine, so each run
+prints its per-batch phases and says whether it was generation-bound. 48 steps make the
 pipeline fill (paid inside the clock) a small part of a run, as it is of a real job.
 Every configuration trains the same samples: the first `--steps` x `--batch-size` arithmetic
 prompts x `--group-size` samples, in order, from the same initial weights.
@@ -165,10 +166,11 @@ def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], configs: di
     walls = {name: [r["wall"] for r in rs] for name, rs in runs.items()}
     sync_names = [n for n in walls if n.startswith("sync")]
     best = min(sync_names, key=lambda n: harness.quartiles(walls[n])[2])
+    per_batch = {}
     for name in sync_names:  # what perfect overlap of this configuration's phases could give
         m = configs[name]["batch_size"] // args.batch_size
         phases = [ph for r in runs[name] for ph in r["phases"]]
-        rollout, train, sync = (statistics.mean(ph[i] for ph in phases) / m for i in range(3))
+        rollout, train, sync = per_batch[name] = tuple(statistics.mean(ph[i] for ph in phases) / m for i in range(3))
         print(
             f"{name} per {args.batch_size}-prompt batch: rollout {rollout:.3f} s + train {train:.3f} s + weight sync "
             f"{sync:.3f} s; ideal overlap bound {(rollout + train + sync) / max(rollout, train + sync):.2f}"
@@ -179,6 +181,9 @@ def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], configs: di
     for name in sync_names:
         print(f"{name} / async k={k} (paired): {harness.spread([s / a for s, a in zip(walls[name], asyn)])}")
     print(f"best sync configuration (lowest median wall time): {best}")
+    rollout, train, sync = per_batch[best]
+    bound = "generation-bound" if rollout > train + sync else "NOT generation-bound (training takes as long or longer)"
+    print(f"this run's setting: {bound}: {best} generates {rollout:.3f} s, trains+syncs {train + sync:.3f} s a batch")
     print(harness.load_line())
     print(f"async{k}_vs_best_sync={harness.quartiles([s / a for s, a in zip(walls[best], asyn)])[2]:.2f}")
 
