@@ -62,7 +62,9 @@ class InferenceEngine(Protocol):
         """Stop starting episodes and pause generation on every server."""
         ...
 
-    def resume(self) -> None: ...
+    def resume(self, wait: bool = True) -> None:
+        """Let the servers generate again; `wait=False` returns before they answered."""
+        ...
 
     def update_weights(self, meta: WeightUpdateMeta) -> concurrent.futures.Future:
         """Load new weights on every server (non-blocking)."""

@@ -109,6 +109,7 @@ class WorkflowExecutor:
         self._accepted = 0  # accepted since counting began (the staleness budget's usage)
         self._base_version: int | None = None
         self._error: BaseException | None = None
+        self._failure: BaseException | None = None  # reported by `report`
         self._data_iter: Any = None
         self._dataloader: Any = None
         self.stats: dict[str, int] = {"submitted": 0, "accepted": 0, "rejected": 0, "stale_requeued": 0, "failed": 0}
@@ -223,6 +224,19 @@ class WorkflowExecutor:
             self._ready = fresh
             self._loop.call_soon(self.schedule)
 
+    def report(self, error: BaseException) -> None:
+        """Have the consumer's next (or current) `wait` / `rollout_batch` raise `error`: a
+        failure of a call nobody waits on (`resume(wait=False)`)."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = error
+            self._lock.notify_all()
+
+    def _take_failure(self) -> BaseException | None:
+        """(lock held) The reported failure, once."""
+        error, self._failure = self._failure, None
+        return error
+
     def wait(self, count: int, timeout: float | None = None) -> Batch:
         """Block until `count` accepted trajectories are ready; return them stacked and padded.
 
@@ -248,6 +262,9 @@ class WorkflowExecutor:
     def _take_ready(self, count: int, deadline: float, wake: float, timeout: float | None) -> list[Trajectory] | None:
         """(lock held) `count` ready trajectories, or None once `wake` (a watchdog check) is due."""
         while True:
+            failure = self._take_failure()
+            if failure is not None:
+                raise failure
             if self._error is not None:
                 error, self._error = self._error, None
                 raise error
@@ -358,6 +375,7 @@ class WorkflowExecutor:
                 self.stats["submitted"] += 1
         self.schedule()
         waiting_since = time.monotonic()
+        failure: BaseException | None = None
         try:
             while True:
                 wake = min(self.watchdog.due(waiting_since), time.monotonic() + _POLL_S)
@@ -366,12 +384,19 @@ class WorkflowExecutor:
                 )
                 if not pending or any(t.cancelled() or t.exception() is not None for t in done):
                     break
+                with self._lock:
+                    failure = self._take_failure()
+                if failure is not None:  # e.g. a server refused to resume: these episodes would never start
+                    await self._adrop(tickets)
+                    break
                 await self._acheck_stall(waiting_since, tickets)
-            results = await asyncio.gather(*tickets)
+            results = [] if failure is not None else await asyncio.gather(*tickets)
         except RolloutStalledError:
             raise
         except Exception as e:
             raise RolloutWorkflowError(f"workflow {type(workflow).__name__} failed in rollout_batch: {e}") from e
+        if failure is not None:
+            raise failure
         accepted = [traj for traj in results if traj is not None]
         if not accepted:
             raise RolloutWorkflowError(f"rollout_batch: all {len(data)} episodes were rejected; nothing to return")
@@ -384,10 +409,14 @@ class WorkflowExecutor:
             return
         text = await self._diagnose(self.snapshot(), self.watchdog.idle(waiting_since))
         if verdict == "raise":
-            with self._lock:
-                self._sync = deque(e for e in self._sync if e.ticket not in tickets)
-            ours = [task for task, episode in self._tasks.items() if episode.ticket in tickets]
-            for task in ours:
-                task.cancel()
-            await asyncio.gather(*ours, return_exceptions=True)
+            await self._adrop(tickets)
         report_stall(verdict, text)
+
+    async def _adrop(self, tickets: list[asyncio.Future]) -> None:
+        """Cancel a failing rollout_batch call's episodes, queued or running."""
+        with self._lock:
+            self._sync = deque(e for e in self._sync if e.ticket not in tickets)
+        ours = [task for task, episode in self._tasks.items() if episode.ticket in tickets]
+        for task in ours:
+            task.cancel()
+        await asyncio.gather(*ours, return_exceptions=True)

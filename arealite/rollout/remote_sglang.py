@@ -81,6 +81,7 @@ class RemoteSGLangEngine:
         self.weights = WeightUpdater(self.transport, self.pool, config, self.health)
         diagnose = Diagnosis(self.transport, self.pool, self.gate, config, self.weights.awaiting)
         self.executor = WorkflowExecutor(config, self.gate, self._loop, self, diagnose)
+        self._control = asyncio.Lock()  # pause and resume reach the servers in the order they were called
         self.generator = SampleGenerator(
             self.transport, self.pool, self.gate, config, self.health.probe, self.executor.watchdog.progress
         )
@@ -178,11 +179,16 @@ class RemoteSGLangEngine:
 
         `pause_mode="abort"`: in-flight requests come back as `abort` with partial output and
         their resubmissions wait client-side until `resume()`. `in_place` / `retract`: they stay
-        on the servers, their HTTP calls open, and continue after `resume()`.
+        on the servers, their HTTP calls open, and continue after `resume()`. Runs after a
+        `resume(wait=False)` still under way has finished.
         """
         self._loop.run(self._apause())
 
     async def _apause(self) -> None:
+        async with self._control:  # after a resume still under way, so the servers see them in order
+            await self._apause_locked()
+
+    async def _apause_locked(self) -> None:
         self.gate.pause()
         # A JSON body is required from 0.5.6; <= 0.5.5 ignores it and always aborts (§2.1), which
         # the resubmission path in generation.py absorbs.
@@ -190,14 +196,28 @@ class RemoteSGLangEngine:
         if self.config.pause_grace_period > 0:
             await asyncio.sleep(self.config.pause_grace_period)
 
-    def resume(self) -> None:
-        """Let the servers and the client generate again."""
-        self._loop.run(self._aresume())
+    def resume(self, wait: bool = True) -> None:
+        """Let the servers and the client generate again.
 
-    async def _aresume(self) -> None:
-        await self._post_all("/continue_generation", {})
-        self.gate.unpause()
-        self.executor.schedule()
+        `wait=False` returns at once (the weight sync's last step, so the trainer goes on to its
+        next batch instead of waiting for the servers' replies on a busy core): the servers are
+        told in order with any later `pause`, the client starts new workflows once they
+        answered, and a failure is raised by the next `wait` / `prepare_batch`.
+        """
+        done = self._loop.submit(self._aresume(report=not wait))
+        if wait:
+            done.result()
+
+    async def _aresume(self, report: bool = False) -> None:
+        async with self._control:
+            try:
+                await self._post_all("/continue_generation", {})
+            except Exception as e:
+                if report:  # nobody waits on this call: the consumer's next wait raises it
+                    self.executor.report(e)
+                raise
+            self.gate.unpause()
+            self.executor.schedule()
 
     async def _post_all(self, path: str, body: dict[str, Any]) -> None:
         """POST to every server in rotation; a server that cannot be reached leaves it."""

@@ -10,7 +10,8 @@ trainer rank 0 host a process group that every server joins (docs/protocol.md §
 keep generating) -> pause -> all ranks meet -> the servers load (disk/lora: one call per
 server; distributed: one call per bucket while rank 0 broadcasts it) -> rank 0 checks every
 server in rotation reports `version` -> all ranks meet -> the client and the actor move to
-`version` -> resume.
+`version` -> resume (without waiting for the servers' replies: a failure surfaces at the
+client's next `wait`).
 
 WeightSync owns the order of these steps and the trainer's end of the transport (the folder
 and its retention, the buckets and the group). Every HTTP call to a server goes through the
@@ -143,7 +144,7 @@ class WeightSync:
             rollout.set_lora_adapter(meta.lora_name)  # every rank's client asks for the new adapter
         rollout.set_version(version)
         self.actor.set_version(version)
-        rollout.resume()
+        rollout.resume(wait=False)  # the trainer's next step need not wait for the servers' replies
         return seen
 
     def _upload(self, meta: WeightUpdateMeta) -> None:

@@ -52,13 +52,14 @@ class FaultyServer:
     """An HTTP server on loopback whose /generate answers 500, garbage, or never.
 
     `health` chooses whether /health answers (200) or hangs too; `pause` whether
-    /pause_generation does. Runs its own event loop in
+    /pause_generation does; `resume` whether /continue_generation answers 200 or 400. Runs its own event loop in
     a daemon thread; `hits` counts /generate calls.
     """
 
     def __init__(self, mode: str, health: str = "ok") -> None:
         self.mode, self.health = mode, health
         self.pause = "ok"  # or "never": /pause_generation hangs
+        self.resume = "ok"  # or "400": /continue_generation refuses (a 5xx would take the server out of rotation)
         self.port = free_ports(1)[0]
         self.hits = 0
         self._loop = asyncio.new_event_loop()
@@ -85,6 +86,11 @@ class FaultyServer:
             await self._hang()
         return web.json_response({})
 
+    async def _continue(self, request: web.Request) -> web.Response:
+        if self.resume == "400":
+            return web.json_response({"error": {"message": "cannot continue"}}, status=400)
+        return web.json_response({})
+
     async def _generate(self, request: web.Request) -> web.Response:
         self.hits += 1
         if self.mode == "500":
@@ -101,7 +107,7 @@ class FaultyServer:
         app.router.add_get("/health", self._health)
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/pause_generation", self._pause)
-        app.router.add_post("/continue_generation", self._ok)
+        app.router.add_post("/continue_generation", self._continue)
         # handlers that hang are dropped after 1 s at shutdown instead of aiohttp's 60 s
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
-from arealite.rollout import GenerationError, RemoteSGLangEngine, RolloutWorkflowError, ServerUnavailable
+from arealite.rollout import GenerationError, RemoteSGLangEngine, RolloutError, RolloutWorkflowError, ServerUnavailable
 from arealite.workflow import RLVRWorkflow
 
 from .rewards import one
@@ -106,3 +106,31 @@ def test_pause_that_never_answers_is_bounded_and_named(faulty_server, caplog):
     finally:
         engine.destroy()
     assert "timed out after 1.0s; raise rollout.control_timeout" in caplog.text and faulty_server.address in caplog.text
+
+
+@pytest.mark.parametrize("faulty_server", [("never", "ok")], indirect=True)
+def test_refused_resume_without_waiting_is_raised_by_the_next_batch(faulty_server, tokenizer):
+    """resume(wait=False) (the weight sync's last step) returns at once; a server that refuses
+    /continue_generation makes the next wait() and rollout_batch() raise that error instead of
+    waiting for episodes that can never start; resume() with waiting raises it directly."""
+    faulty_server.resume = "400"
+    engine = RemoteSGLangEngine(InferenceEngineConfig(**FAST_FAILING), [faulty_server.address])
+    engine.initialize()
+    workflow = RLVRWorkflow(one, GenerationHyperparameters(group_size=2, max_new_tokens=4), tokenizer)
+    try:
+        engine.pause()
+        engine.resume(wait=False)
+        start = time.monotonic()
+        with pytest.raises(RolloutError, match="/continue_generation returned 400: cannot continue"):
+            engine.wait(1, timeout=30)
+        engine.pause()
+        engine.resume(wait=False)
+        with pytest.raises(RolloutError, match="/continue_generation returned 400"):
+            engine.rollout_batch(RECORDS, workflow)
+        assert time.monotonic() - start < 10  # well before the stall watchdog or the timeout
+        assert faulty_server.hits == 0  # nothing generated on a server that never resumed
+        with pytest.raises(RolloutError, match="/continue_generation returned 400"):
+            engine.resume()
+    finally:
+        engine.destroy()
+        workflow.scorer.pool.close()

@@ -60,7 +60,7 @@ class FakeRollout:
     def pause(self):
         self.log.append("pause")
 
-    def resume(self):
+    def resume(self, wait=True):
         self.log.append("resume")
 
     def set_version(self, version):
