@@ -82,6 +82,7 @@ class RemoteSGLangEngine:
         diagnose = Diagnosis(self.transport, self.pool, self.gate, config, self.weights.awaiting)
         self.executor = WorkflowExecutor(config, self.gate, self._loop, self, diagnose)
         self._control = asyncio.Lock()  # pause and resume reach the servers in the order they were called
+        self._resuming: concurrent.futures.Future | None = None  # the last resume(wait=False)
         self.generator = SampleGenerator(
             self.transport, self.pool, self.gate, config, self.health.probe, self.executor.watchdog.progress
         )
@@ -129,6 +130,8 @@ class RemoteSGLangEngine:
         if not self._loop.running:
             return
         try:
+            if self._resuming is not None:  # let it reach the servers (bounded by rollout.control_timeout)
+                concurrent.futures.wait([self._resuming])
             self._loop.run(self._adestroy(), timeout=30)
         finally:
             self._loop.stop()
@@ -207,6 +210,8 @@ class RemoteSGLangEngine:
         done = self._loop.submit(self._aresume(report=not wait))
         if wait:
             done.result()
+        else:
+            self._resuming = done  # destroy() waits for it: servers are never left paused
 
     async def _aresume(self, report: bool = False) -> None:
         async with self._control:

@@ -193,6 +193,20 @@ def test_trajectory_spanning_syncs_is_requeued_when_too_stale(two_servers, tiny_
     assert produced.numel() == BUDGET and int(produced.min()) >= 2 - 1
 
 
+def test_resume_without_waiting_reaches_the_servers_before_destroy(two_servers, tiny_model_dir):
+    """The weight sync's resume(wait=False) returns before the servers answer; an engine
+    destroyed right after it (a training run's end) must still leave no server paused."""
+    for _ in range(10):
+        config = InferenceEngineConfig(pause_mode="in_place", setup_timeout=60)
+        engine = RemoteSGLangEngine(config, [s.address for s in two_servers])
+        engine.initialize()
+        engine.pause()
+        assert all(st["paused"] for st in _states(two_servers))
+        engine.resume(wait=False)
+        engine.destroy()
+        assert not any(st["paused"] for st in _states(two_servers))
+
+
 def test_pause_mode_is_validated():
     with pytest.raises(ConfigError, match=r"rollout\.pause_mode='inplace'.*'abort', 'in_place', 'retract'"):
         InferenceEngineConfig(pause_mode="inplace")
