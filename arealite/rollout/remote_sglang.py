@@ -189,15 +189,12 @@ class RemoteSGLangEngine:
 
     async def _apause(self) -> None:
         async with self._control:  # after a resume still under way, so the servers see them in order
-            await self._apause_locked()
-
-    async def _apause_locked(self) -> None:
-        self.gate.pause()
-        # A JSON body is required from 0.5.6; <= 0.5.5 ignores it and always aborts (§2.1), which
-        # the resubmission path in generation.py absorbs.
-        await self._post_all("/pause_generation", {"mode": self.config.pause_mode})
-        if self.config.pause_grace_period > 0:
-            await asyncio.sleep(self.config.pause_grace_period)
+            self.gate.pause()
+            # A JSON body is required from 0.5.6; <= 0.5.5 ignores it and always aborts (§2.1), which
+            # the resubmission path in generation.py absorbs.
+            await self._post_all("/pause_generation", {"mode": self.config.pause_mode})
+            if self.config.pause_grace_period > 0:
+                await asyncio.sleep(self.config.pause_grace_period)
 
     def resume(self, wait: bool = True) -> None:
         """Let the servers and the client generate again.
@@ -205,7 +202,7 @@ class RemoteSGLangEngine:
         `wait=False` returns at once (the weight sync's last step, so the trainer goes on to its
         next batch instead of waiting for the servers' replies on a busy core): the servers are
         told in order with any later `pause`, the client starts new workflows once they
-        answered, and a failure is raised by the next `wait` / `prepare_batch`.
+        answered, and a failure is raised by the next `wait` / `prepare_batch` / `rollout_batch`.
         """
         done = self._loop.submit(self._aresume(report=not wait))
         if wait:

@@ -52,8 +52,8 @@ class FaultyServer:
     """An HTTP server on loopback whose /generate answers 500, garbage, or never.
 
     `health` chooses whether /health answers (200) or hangs too; `pause` whether
-    /pause_generation does; `resume` whether /continue_generation answers 200 or 400. Runs its own event loop in
-    a daemon thread; `hits` counts /generate calls.
+    /pause_generation does; `resume` whether /continue_generation answers 200 or 400. Runs
+    its own event loop in a daemon thread; `hits` counts /generate calls.
     """
 
     def __init__(self, mode: str, health: str = "ok") -> None:
