@@ -32,7 +32,8 @@ empty pipeline, and the clock runs from the first step to the end of the last we
 (an asynchronous run pays for filling its pipeline). Configurations alternate in order
 over `--repeats` paired repeats.
 
-Prints every run, per-step phases, the ideal overlap bound of each sync configuration
+Prints every run, per-step phases, the server's CPU time and decode steps per run (how busy
+it was, and at what mean occupancy: trained tokens per decode step), the ideal overlap bound of each sync configuration
 `(rollout + train + sync) / max(rollout, train + sync)` per batch (what perfect overlap of
 its phases could give: against the best sync, the ceiling of the figure), histograms of trained tokens by staleness, the
 spread of the paired ratios, and last `async<k>_vs_best_sync=<median over repeats of best
@@ -69,6 +70,13 @@ def report(name: str, runs: list[dict]) -> None:
     total = sum(hist.values())
     shares = ", ".join(f"{k}: {v} ({100 * v / total:.0f}%)" for k, v in sorted(hist.items(), key=lambda kv: int(kv[0])))
     print(f"{name}: trained tokens by staleness in versions (all repeats): {shares}")
+    busy = ", ".join(f"{r['server_cpu']:.2f} s ({100 * r['server_cpu'] / r['wall']:.0f}%)" for r in runs)
+    print(f"{name}: server CPU per run (share of the wall): {busy}")
+    print(
+        f"{name}: server decode steps per run: {', '.join(str(r['decode_steps']) for r in runs)}; trained completion "
+        f"tokens per decode step (a lower bound on its mean occupancy: samples never trained are not counted): "
+        + ", ".join(f"{r['trained_tokens'] / max(r['decode_steps'], 1):.1f}" for r in runs)
+    )
     c = runs[-1]["counters"]
     print(
         f"{name}: last run: {c.get('rollout/accepted', 0)} trajectories accepted, {c.get('rollout/stale_requeued', 0)} "

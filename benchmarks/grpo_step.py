@@ -115,13 +115,23 @@ def setup(s: dict) -> dict:
     return {"s": s, "server": server, "pool": pool, "workflow": workflow}
 
 
+def _server_info(server: Any) -> dict:
+    with urllib.request.urlopen(f"{server.url}/get_server_info", timeout=10) as r:
+        return json.loads(r.read())["internal_states"][0]
+
+
+def server_work(server: Any) -> tuple[float, int]:
+    """(CPU seconds of the server process, decode steps it has run): read before and after
+    a run, outside its clock, they say how busy the server was and at what occupancy."""
+    return harness.tree_cpu_seconds(server.proc.pid), int(_server_info(server)["decode_steps"])
+
+
 def _server_idle(server: Any, timeout: float = 60.0) -> None:
     """Abort whatever the server still runs and wait until it has nothing queued or running."""
     server.post("/abort_request", {"abort_all": True})
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{server.url}/get_server_info", timeout=10) as r:
-            st = json.loads(r.read())["internal_states"][0]
+        st = _server_info(server)
         if st["num_running"] == 0 and st["num_waiting"] == 0:
             return
         time.sleep(0.05)
@@ -161,8 +171,9 @@ def run(state: dict, req: dict) -> dict:
     ).initialize()  # fmt: skip
     workdir = tempfile.mkdtemp(dir=s["workdir"])
     weight_sync = WeightSync(actor, rollout, "disk", workdir)
-    times, phases, rewards, lengths, stale = [], [], [], [], Counter()
+    times, phases, rewards, lengths, stale, tokens = [], [], [], [], Counter(), 0
     data_iter = iter(loader)
+    server0 = server_work(server)
     cpu0, start = harness.tree_cpu_seconds(), time.perf_counter()
     for step in range(steps):
         batch, phase = timed_grpo_step(step, rollout, actor, workflow, loader, data_iter, weight_sync)
@@ -170,8 +181,10 @@ def run(state: dict, req: dict) -> dict:
         phases.append(phase)
         rewards.append(batch["rewards"].float().mean().item())
         lengths.append(batch["loss_mask"].sum(1).float().mean().item())
+        tokens += int(batch["loss_mask"].sum().item())
         stale += staleness_histogram(batch, step)
     wall, cpu = time.perf_counter() - start, harness.tree_cpu_seconds() - cpu0
+    server_cpu, decode_steps = (b - a for a, b in zip(server0, server_work(server)))
     resources = harness.process_tree(os.getpid())  # reward workers and server included
     counters = rollout.export_stats()
     rollout.destroy()
@@ -181,6 +194,7 @@ def run(state: dict, req: dict) -> dict:
     return {
         "wall": wall, "cpu": cpu, "times": times, "phases": phases, "rewards": rewards, "lengths": lengths,
         "staleness": {str(k): v for k, v in sorted(stale.items())}, "counters": counters, "resources": resources,
+        "trained_tokens": tokens, "server_cpu": server_cpu, "decode_steps": decode_steps,
     }  # fmt: skip
 
 
