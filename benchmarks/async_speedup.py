@@ -33,10 +33,11 @@ empty pipeline, and the clock runs from the first step to the end of the last we
 over `--repeats` paired repeats.
 
 Prints every run, per-step phases, the server's CPU time and decode steps per run (how busy
-it was, and at what mean occupancy: trained tokens per decode step), the ideal overlap bound of each sync configuration
-`(rollout + train + sync) / max(rollout, train + sync)` per batch (what perfect overlap of
-its phases could give: against the best sync, the ceiling of the figure), histograms of trained tokens by staleness, the
-spread of the paired ratios, and last `async<k>_vs_best_sync=<median over repeats of best
+it was, and at what mean occupancy: trained tokens per decode step), the ideal overlap
+bound of each sync configuration `(rollout + train + sync) / max(rollout, train + sync)`
+per batch (what perfect overlap of its phases could give: against the best sync, the
+ceiling of the figure), histograms of trained tokens by staleness, the spread of the paired
+ratios, and last `async<k>_vs_best_sync=<median over repeats of best
 sync wall / async wall>`.
 """
 

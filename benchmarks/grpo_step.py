@@ -180,8 +180,9 @@ def run(state: dict, req: dict) -> dict:
         times.append(sum(phase))
         phases.append(phase)
         rewards.append(batch["rewards"].float().mean().item())
-        lengths.append(batch["loss_mask"].sum(1).float().mean().item())
-        tokens += int(batch["loss_mask"].sum().item())
+        per_row = batch["loss_mask"].sum(1)  # completion tokens of each trained sample
+        lengths.append(per_row.float().mean().item())
+        tokens += int(per_row.sum().item())
         stale += staleness_histogram(batch, step)
     wall, cpu = time.perf_counter() - start, harness.tree_cpu_seconds() - cpu0
     server_cpu, decode_steps = (b - a for a, b in zip(server0, server_work(server)))
