@@ -17,12 +17,10 @@ worker answers, so no work spills into another side's run.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -116,8 +114,10 @@ def setup(s: dict) -> dict:
 
 
 def _server_info(server: Any) -> dict:
-    with urllib.request.urlopen(f"{server.url}/get_server_info", timeout=10) as r:
-        return json.loads(r.read())["internal_states"][0]
+    status, info = server.get("/get_server_info", timeout=10)
+    if status != 200:
+        raise RuntimeError(f"/get_server_info answered {status}: {info}")
+    return info["internal_states"][0]
 
 
 def server_work(server: Any) -> tuple[float, int]:
