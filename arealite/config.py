@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arealite.config_loading import ConfigError, load_config, save_config  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:
+    from arealite.truncation import Truncation
 
 
 def _key(owner: str, name: str) -> str:
@@ -49,6 +52,11 @@ class GenerationHyperparameters:
     stop: list[str] = field(default_factory=list)  # stop strings
     frequency_penalty: float = 0.0  # subtracted from a token's logit once per earlier occurrence (SGLang's)
     sampling_seed: int | None = None  # base of per-sample seeds (reproducible sampling); None: server-chosen
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
+    truncated_logprobs: bool = True  # with top_p / top_k / min_p truncating: behaviour logprobs (asked of the
+    # server as `processed_logprobs`) and the trainer's logprobs are those of the truncated, renormalised distribution
+    # tokens are drawn from; false: full-vocabulary log_softmax(logits / T) on both sides (SGLang's and verl's, TRL's,
+    # AReaL's convention), which is all a real SGLang server reports (docs/protocol.md §1.6)
 
     def __post_init__(self) -> None:
         _check_positive("gconfig", "group_size", self.group_size)
@@ -58,12 +66,26 @@ class GenerationHyperparameters:
             raise ConfigError(f"gconfig.top_p={self.top_p} must be in (0, 1]")
         if self.top_k != -1 and self.top_k < 1:
             raise ConfigError(f"gconfig.top_k={self.top_k} must be -1 (whole vocabulary) or >= 1")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"gconfig.min_p={self.min_p} must be in [0, 1]")
 
     @property
     def logprob_temperature(self) -> float:
         """The temperature of the logprobs a server reports, which the trainer must reproduce:
         the sampling temperature, or 1 for greedy sampling (SGLang's greedy rewrite)."""
         return 1.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature
+
+    @property
+    def logprob_truncation(self) -> Truncation | None:
+        """The truncation the trainer's logprobs apply (greedy is top_k=1, SGLang's rewrite), or
+        None for full-vocabulary logprobs: nothing truncates or `truncated_logprobs` is off."""
+        from arealite.truncation import TOP_K_ALL, Truncation  # imports torch: launchers must not
+
+        greedy = self.temperature < GREEDY_TEMPERATURE
+        truncation = Truncation(1 if greedy else self.top_k, self.top_p, self.min_p)
+        if not self.truncated_logprobs or not truncation.cuts(TOP_K_ALL):
+            return None
+        return truncation
 
     def sampling_params(self) -> dict[str, Any]:
         """SGLang `sampling_params` for one request; never sends a null value."""
@@ -83,6 +105,8 @@ class GenerationHyperparameters:
             params["frequency_penalty"] = self.frequency_penalty
         if self.sampling_seed is not None:
             params["sampling_seed"] = int(self.sampling_seed)
+        if self.min_p:
+            params["min_p"] = self.min_p
         return params
 
 
