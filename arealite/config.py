@@ -51,7 +51,8 @@ class GenerationHyperparameters:
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids besides EOS
     stop: list[str] = field(default_factory=list)  # stop strings
     frequency_penalty: float = 0.0  # subtracted from a token's logit once per earlier occurrence (SGLang's)
-    sampling_seed: int | None = None  # base of per-sample seeds (reproducible sampling); None: server-chosen
+    sampling_seed: int | None = None  # base of per-sample seeds (reproducible sampling); None: the experiment's `seed`
+    # (server-chosen outside an experiment)
     min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
     truncated_logprobs: bool = True  # with top_p / top_k / min_p truncating: behaviour logprobs (asked of the
     # server as `processed_logprobs`) and the trainer's logprobs are those of the truncated, renormalised distribution
@@ -191,6 +192,7 @@ class LoRAConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )  # names of the linear layers that get an adapter (SGLang's --lora-target-modules)
     dropout: float = 0.0  # dropout on the adapter's input, in training only
+    seed: int | None = None  # seeds the adapter's initialization (lora_A); None: the experiment's `seed` (else 0)
 
     def __post_init__(self) -> None:
         _check_positive("actor.lora", "rank", self.rank)
@@ -282,6 +284,7 @@ class PPOCriticConfig(TrainEngineConfig):
     ppo_n_minibatches: int = 1  # optimizer steps per training step
     value_eps_clip: float | None = 0.2  # PPO value clipping around the old values; None disables
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    seed: int | None = None  # seeds the value head's initialization; None: the experiment's `seed` (0 outside one)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -444,7 +447,8 @@ class GRPOConfig:
     experiment_name: str = "arealite"  # names the run directory (and the wandb run)
     trial_name: str = "trial0"  # one attempt of an experiment; recovery resumes the same trial
     fileroot: str = "runs"  # run directories live under fileroot/experiment/trial
-    seed: int = 1  # seeds the data order, the model's initialization noise and the sampling seeds
+    seed: int = 1  # seeds the data order, the critic's value head and the LoRA adapter's initialization
+    # (critic.seed, actor.lora.seed) and the sampling seeds (gconfig.sampling_seed), where those are unset
     total_train_steps: int = 10  # training steps (rollout, update, weight sync) of the run
     tokenizer_path: str = ""  # defaults to actor.path
     weight_update: str = "disk"  # disk | distributed | lora (only the actor's LoRA adapter, through /load_lora_adapter)
@@ -489,6 +493,13 @@ class GRPOConfig:
             model = getattr(self, name)
             if model is not None and not model.path:
                 model.path = actor.path
+        # `seed` seeds every random initialization and the sampling, unless set on its own
+        if self.critic is not None and self.critic.seed is None:
+            self.critic.seed = self.seed
+        if actor.lora is not None and actor.lora.seed is None:
+            actor.lora.seed = self.seed
+        if self.gconfig.sampling_seed is None:
+            self.gconfig.sampling_seed = self.seed
         if actor.kl_ctl > 0 and self.ref is None:
             raise ConfigError(
                 f"actor.kl_ctl={actor.kl_ctl} needs a reference model: add a `ref:` section "
