@@ -137,9 +137,20 @@ class InferenceEngineConfig:
     # logged; raised after twice that; 0 disables
     pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place
     # (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
+    schedule: str = "interruptible"  # with max_head_offpolicyness = k >= 1: interruptible (AReaL's: episodes start
+    # within the staleness bound, weight syncs interrupt them) | lockstep (batch b is exactly the b-th prompt batch,
+    # generated entirely by weights b - k while batch b - 1 trains; never interrupted, reproducible; no dynamic
+    # sampling)
 
     def __post_init__(self) -> None:
         _check_choice("rollout", "pause_mode", self.pause_mode, PAUSE_MODES)
+        _check_choice("rollout", "schedule", self.schedule, ("interruptible", "lockstep"))
+        if self.schedule == "lockstep" and (self.max_head_offpolicyness < 1 or self.dynamic_sampling):
+            raise ConfigError(
+                "rollout.schedule=lockstep needs rollout.max_head_offpolicyness >= 1 (how many batches ahead it "
+                f"generates; got {self.max_head_offpolicyness}) and rollout.dynamic_sampling=false (got "
+                f"{self.dynamic_sampling}); set them, or use schedule=interruptible"
+            )
         _check_positive("rollout", "max_head_offpolicyness", self.max_head_offpolicyness, allow_zero=True)
         if self.max_concurrent_rollouts is not None:
             _check_positive("rollout", "max_concurrent_rollouts", self.max_concurrent_rollouts)
@@ -329,6 +340,8 @@ class ServerConfig:
     max_running_requests: int = 64  # sequences a server decodes at once (--max-running-requests); more wait
     random_seed: int = 1  # the server's --random-seed (sampling without a per-request seed)
     extra_args: list[str] = field(default_factory=list)  # appended to the server command line
+    deterministic: bool = False  # --enable-deterministic-inference (SGLang's flag, both backends): a sequence's
+    # numerics do not depend on what shares its batch, so same-seed runs repeat exactly; slower (benchmarks/README.md)
 
     def __post_init__(self) -> None:
         _check_choice("server", "backend", self.backend, ("auto", "builtin", "sglang"))

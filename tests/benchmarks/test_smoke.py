@@ -35,6 +35,7 @@ FIGURES = {
     "advantages.py": "triton_vs_floor" if _cuda_visible() else "reference_vs_loop",
     "async_speedup.py": "async2_vs_best_sync",
     "deterministic_server.py": "deterministic_throughput_ratio",
+    "lockstep_schedule.py": "lockstep_vs_interruptible",
     "lora_memory.py": "lora_memory_ratio",
     "rollout_overhead.py": "overhead_pct",
     "server_throughput.py": "speedup_vs_batched_generate",
@@ -44,6 +45,7 @@ FIGURES = {
 TAKES_MODEL_PATH = {
     "async_speedup.py",
     "deterministic_server.py",
+    "lockstep_schedule.py",
     "rollout_overhead.py",
     "server_throughput.py",
     "train_packing.py",

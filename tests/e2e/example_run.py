@@ -13,10 +13,13 @@ from arealite.server.process import launch_server_process
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_example(tmp_path: Path, model: str, experiment: str, overrides: list[str], timeout: float = 280) -> list[dict]:
-    """The example script on configs/tiny_cpu.yaml with `overrides`, one server of `model`, one
-    trainer thread; fails with the run's output tail unless it exits 0. Returns stats.jsonl rows."""
-    server = launch_server_process(model, extra_args=["--skip-server-warmup"])
+def run_example(
+    tmp_path: Path, model: str, experiment: str, overrides: list[str], timeout: float = 280, server_args=()
+) -> list[dict]:
+    """The example script on configs/tiny_cpu.yaml with `overrides`, one server of `model` (with
+    `server_args`), one trainer thread; fails with the run's output tail unless it exits 0.
+    Returns stats.jsonl rows."""
+    server = launch_server_process(model, extra_args=["--skip-server-warmup", *server_args])
     env = {
         **os.environ, "OMP_NUM_THREADS": "1", "AREAL_LLM_SERVER_ADDRS": server.address,
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
