@@ -78,13 +78,14 @@ class GenerationHyperparameters:
 
     @property
     def logprob_truncation(self) -> Truncation | None:
-        """The truncation the trainer's logprobs apply (greedy is top_k=1, SGLang's rewrite), or
-        None for full-vocabulary logprobs: nothing truncates or `truncated_logprobs` is off."""
+        """The truncation the trainer's logprobs apply, or None for full-vocabulary logprobs:
+        nothing truncates, `truncated_logprobs` is off, or sampling is greedy (which keeps
+        SGLang's temperature-1 logprobs: greedy runs evaluate, they do not train off-policy)."""
         from arealite.truncation import TOP_K_ALL, Truncation  # imports torch: launchers must not
 
+        truncation = Truncation(self.top_k, self.top_p, self.min_p)
         greedy = self.temperature < GREEDY_TEMPERATURE
-        truncation = Truncation(1 if greedy else self.top_k, self.top_p, self.min_p)
-        if not self.truncated_logprobs or not truncation.cuts(TOP_K_ALL):
+        if greedy or not self.truncated_logprobs or not truncation.cuts(TOP_K_ALL):
             return None
         return truncation
 
