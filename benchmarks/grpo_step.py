@@ -96,7 +96,8 @@ def setup(s: dict) -> dict:
     def start_server():
         if s.get("server_cpus"):
             os.sched_setaffinity(0, set(s["server_cpus"]))  # this thread only; the server process inherits it
-        return launch_server_process(s["model"], extra_args=extra, env=env, log_path=log)
+        # a generous start-up bound: on a loaded machine the server can take minutes to come up
+        return launch_server_process(s["model"], extra_args=extra, env=env, log_path=log, timeout=600)
 
     with ThreadPoolExecutor(1) as starter:
         server = starter.submit(start_server)  # the server starts while this process imports torch
