@@ -187,9 +187,7 @@ def test_validation_errors_name_the_key_the_user_wrote(overrides, message):
 def test_the_experiment_seed_fills_every_unset_seed():
     from arealite.config import GenerationHyperparameters, LoRAConfig, PPOActorConfig, PPOCriticConfig
 
-    config = GRPOConfig(
-        seed=5, critic=PPOCriticConfig(), actor=PPOActorConfig(lora=LoRAConfig()), weight_update="lora"
-    )
+    config = GRPOConfig(seed=5, critic=PPOCriticConfig(), actor=PPOActorConfig(lora=LoRAConfig()), weight_update="lora")
     assert (config.critic.seed, config.actor.lora.seed, config.gconfig.sampling_seed) == (5, 5, 5)
     own = GRPOConfig(seed=5, critic=PPOCriticConfig(seed=2), gconfig=GenerationHyperparameters(sampling_seed=7))
     assert (own.critic.seed, own.gconfig.sampling_seed) == (2, 7)
