@@ -29,6 +29,7 @@ _EXPORTS = {
     # rollout
     "RemoteSGLangEngine": "arealite.rollout.remote_sglang",
     "DynamicSampler": "arealite.rollout.dynamic_sampling",
+    "LockstepRollout": "arealite.rollout.lockstep",
     "RewardPool": "arealite.reward.pool",
     "RLVRWorkflow": "arealite.workflow.rlvr",
     "MultiTurnWorkflow": "arealite.workflow.multi_turn",
@@ -84,6 +85,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run
     from arealite.reward.pool import RewardPool
     from arealite.rollout.batch import trajectory_from_tokens
     from arealite.rollout.dynamic_sampling import DynamicSampler
+    from arealite.rollout.lockstep import LockstepRollout
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
     from arealite.server.process import launch_server_process
     from arealite.stats.batch import batch_stats

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arealite.config_loading import ConfigError, load_config, save_config  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:
+    from arealite.truncation import Truncation
 
 
 def _key(owner: str, name: str) -> str:
@@ -48,7 +51,13 @@ class GenerationHyperparameters:
     stop_token_ids: list[int] = field(default_factory=list)  # extra stop ids besides EOS
     stop: list[str] = field(default_factory=list)  # stop strings
     frequency_penalty: float = 0.0  # subtracted from a token's logit once per earlier occurrence (SGLang's)
-    sampling_seed: int | None = None  # base of per-sample seeds (reproducible sampling); None: server-chosen
+    sampling_seed: int | None = None  # base of per-sample seeds (reproducible sampling); None: the experiment's `seed`
+    # (server-chosen outside an experiment)
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one
+    truncated_logprobs: bool = True  # with top_p / top_k / min_p truncating: behaviour logprobs (asked of the
+    # server as `processed_logprobs`) and the trainer's logprobs are those of the truncated, renormalised distribution
+    # tokens are drawn from; false: full-vocabulary log_softmax(logits / T) on both sides (SGLang's and verl's, TRL's,
+    # AReaL's convention), which is all a real SGLang server reports (docs/protocol.md §1.6)
 
     def __post_init__(self) -> None:
         _check_positive("gconfig", "group_size", self.group_size)
@@ -58,12 +67,27 @@ class GenerationHyperparameters:
             raise ConfigError(f"gconfig.top_p={self.top_p} must be in (0, 1]")
         if self.top_k != -1 and self.top_k < 1:
             raise ConfigError(f"gconfig.top_k={self.top_k} must be -1 (whole vocabulary) or >= 1")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"gconfig.min_p={self.min_p} must be in [0, 1]")
 
     @property
     def logprob_temperature(self) -> float:
         """The temperature of the logprobs a server reports, which the trainer must reproduce:
         the sampling temperature, or 1 for greedy sampling (SGLang's greedy rewrite)."""
         return 1.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature
+
+    @property
+    def logprob_truncation(self) -> Truncation | None:
+        """The truncation the trainer's logprobs apply, or None for full-vocabulary logprobs:
+        nothing truncates, `truncated_logprobs` is off, or sampling is greedy (which keeps
+        SGLang's temperature-1 logprobs: greedy runs evaluate, they do not train off-policy)."""
+        from arealite.truncation import TOP_K_ALL, Truncation  # imports torch: launchers must not
+
+        truncation = Truncation(self.top_k, self.top_p, self.min_p)
+        greedy = self.temperature < GREEDY_TEMPERATURE
+        if greedy or not self.truncated_logprobs or not truncation.cuts(TOP_K_ALL):
+            return None
+        return truncation
 
     def sampling_params(self) -> dict[str, Any]:
         """SGLang `sampling_params` for one request; never sends a null value."""
@@ -83,6 +107,8 @@ class GenerationHyperparameters:
             params["frequency_penalty"] = self.frequency_penalty
         if self.sampling_seed is not None:
             params["sampling_seed"] = int(self.sampling_seed)
+        if self.min_p:
+            params["min_p"] = self.min_p
         return params
 
 
@@ -112,9 +138,20 @@ class InferenceEngineConfig:
     # logged; raised after twice that; 0 disables
     pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place
     # (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
+    schedule: str = "interruptible"  # with max_head_offpolicyness = k >= 1: interruptible (AReaL's: episodes start
+    # within the staleness bound, weight syncs interrupt them) | lockstep (batch b is exactly the b-th prompt batch,
+    # generated entirely by weights b - k while batch b - 1 trains; never interrupted, reproducible; no dynamic
+    # sampling)
 
     def __post_init__(self) -> None:
         _check_choice("rollout", "pause_mode", self.pause_mode, PAUSE_MODES)
+        _check_choice("rollout", "schedule", self.schedule, ("interruptible", "lockstep"))
+        if self.schedule == "lockstep" and (self.max_head_offpolicyness < 1 or self.dynamic_sampling):
+            raise ConfigError(
+                "rollout.schedule=lockstep needs rollout.max_head_offpolicyness >= 1 (how many batches ahead it "
+                f"generates; got {self.max_head_offpolicyness}) and rollout.dynamic_sampling=false (got "
+                f"{self.dynamic_sampling}); set them, or use schedule=interruptible"
+            )
         _check_positive("rollout", "max_head_offpolicyness", self.max_head_offpolicyness, allow_zero=True)
         if self.max_concurrent_rollouts is not None:
             _check_positive("rollout", "max_concurrent_rollouts", self.max_concurrent_rollouts)
@@ -167,6 +204,7 @@ class LoRAConfig:
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )  # names of the linear layers that get an adapter (SGLang's --lora-target-modules)
     dropout: float = 0.0  # dropout on the adapter's input, in training only
+    seed: int | None = None  # seeds the adapter's initialization (lora_A); None: the experiment's `seed` (else 0)
 
     def __post_init__(self) -> None:
         _check_positive("actor.lora", "rank", self.rank)
@@ -258,6 +296,7 @@ class PPOCriticConfig(TrainEngineConfig):
     ppo_n_minibatches: int = 1  # optimizer steps per training step
     value_eps_clip: float | None = 0.2  # PPO value clipping around the old values; None disables
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum
+    seed: int | None = None  # seeds the value head's initialization; None: the experiment's `seed` (0 outside one)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -302,6 +341,8 @@ class ServerConfig:
     max_running_requests: int = 64  # sequences a server decodes at once (--max-running-requests); more wait
     random_seed: int = 1  # the server's --random-seed (sampling without a per-request seed)
     extra_args: list[str] = field(default_factory=list)  # appended to the server command line
+    deterministic: bool = False  # --enable-deterministic-inference (SGLang's flag, both backends): a sequence's
+    # numerics do not depend on what shares its batch, so same-seed runs repeat exactly; slower (benchmarks/README.md)
 
     def __post_init__(self) -> None:
         _check_choice("server", "backend", self.backend, ("auto", "builtin", "sglang"))
@@ -420,7 +461,8 @@ class GRPOConfig:
     experiment_name: str = "arealite"  # names the run directory (and the wandb run)
     trial_name: str = "trial0"  # one attempt of an experiment; recovery resumes the same trial
     fileroot: str = "runs"  # run directories live under fileroot/experiment/trial
-    seed: int = 1  # seeds the data order, the model's initialization noise and the sampling seeds
+    seed: int = 1  # seeds the data order, the critic's value head and the LoRA adapter's initialization
+    # (critic.seed, actor.lora.seed) and the sampling seeds (gconfig.sampling_seed), where those are unset
     total_train_steps: int = 10  # training steps (rollout, update, weight sync) of the run
     tokenizer_path: str = ""  # defaults to actor.path
     weight_update: str = "disk"  # disk | distributed | lora (only the actor's LoRA adapter, through /load_lora_adapter)
@@ -465,6 +507,13 @@ class GRPOConfig:
             model = getattr(self, name)
             if model is not None and not model.path:
                 model.path = actor.path
+        # `seed` seeds every random initialization and the sampling, unless set on its own
+        if self.critic is not None and self.critic.seed is None:
+            self.critic.seed = self.seed
+        if actor.lora is not None and actor.lora.seed is None:
+            actor.lora.seed = self.seed
+        if self.gconfig.sampling_seed is None:
+            self.gconfig.sampling_seed = self.seed
         if actor.kl_ctl > 0 and self.ref is None:
             raise ConfigError(
                 f"actor.kl_ctl={actor.kl_ctl} needs a reference model: add a `ref:` section "

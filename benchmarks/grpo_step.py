@@ -31,16 +31,26 @@ from arealite.weight_sync import WeightSync
 
 
 def timed_grpo_step(
-    step: int, rollout: Any, actor: Any, workflow: Any, loader: Any, data_iter: Iterator, weight_sync: WeightSync
+    step: int,
+    rollout: Any,
+    actor: Any,
+    workflow: Any,
+    loader: Any,
+    data_iter: Iterator,
+    weight_sync: WeightSync,
+    lockstep: Any = None,
 ) -> tuple[dict, list[float]]:
     """rollout -> advantages -> PPO update -> disk weight sync to version step + 1.
 
-    Asynchronous (`prepare_batch`) when the engine's max_head_offpolicyness > 0, else the
-    next item of `data_iter` through `rollout_batch`. Returns the batch and the seconds of
-    [rollout, train, weight sync].
+    With a `lockstep` schedule (arealite.rollout.lockstep) its next batch, drained before the
+    sync (the drain counts as sync time); else asynchronous (`prepare_batch`) when the
+    engine's max_head_offpolicyness > 0, else the next item of `data_iter` through
+    `rollout_batch`. Returns the batch and the seconds of [rollout, train, weight sync].
     """
     start = time.perf_counter()
-    if rollout.config.max_head_offpolicyness > 0:
+    if lockstep is not None:
+        batch = lockstep.next_batch()
+    elif rollout.config.max_head_offpolicyness > 0:
         batch = rollout.prepare_batch(loader, workflow)
     else:
         batch = rollout.rollout_batch(next(data_iter), workflow)
@@ -48,6 +58,8 @@ def timed_grpo_step(
     actor.compute_advantages(batch)  # prox_logp comes from the update's own forward (one minibatch)
     actor.ppo_update(batch)
     t_train = time.perf_counter()
+    if lockstep is not None:
+        lockstep.drain()
     weight_sync.sync(step + 1)
     return batch, [t_rollout - start, t_train - t_rollout, time.perf_counter() - t_train]
 
@@ -84,7 +96,8 @@ def setup(s: dict) -> dict:
     def start_server():
         if s.get("server_cpus"):
             os.sched_setaffinity(0, set(s["server_cpus"]))  # this thread only; the server process inherits it
-        return launch_server_process(s["model"], extra_args=extra, env=env, log_path=log)
+        # a generous start-up bound: on a loaded machine the server can take minutes to come up
+        return launch_server_process(s["model"], extra_args=extra, env=env, log_path=log, timeout=600)
 
     with ThreadPoolExecutor(1) as starter:
         server = starter.submit(start_server)  # the server starts while this process imports torch
@@ -145,6 +158,7 @@ def run(state: dict, req: dict) -> dict:
     from arealite.data.arithmetic import make_arithmetic_dataset
     from arealite.data.loader import create_dataloader
     from arealite.rollout import RemoteSGLangEngine
+    from arealite.rollout.lockstep import LockstepRollout
     from arealite.train import PPOActor
     from arealite.types import WeightUpdateMeta
 
@@ -173,10 +187,11 @@ def run(state: dict, req: dict) -> dict:
     weight_sync = WeightSync(actor, rollout, "disk", workdir)
     times, phases, rewards, lengths, stale, tokens = [], [], [], [], Counter(), 0
     data_iter = iter(loader)
+    lockstep = LockstepRollout(rollout, data_iter, workflow, k) if req.get("schedule") == "lockstep" else None
     server0 = server_work(server)
     cpu0, start = harness.tree_cpu_seconds(), time.perf_counter()
     for step in range(steps):
-        batch, phase = timed_grpo_step(step, rollout, actor, workflow, loader, data_iter, weight_sync)
+        batch, phase = timed_grpo_step(step, rollout, actor, workflow, loader, data_iter, weight_sync, lockstep)
         times.append(sum(phase))
         phases.append(phase)
         rewards.append(batch["rewards"].float().mean().item())

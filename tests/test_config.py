@@ -182,3 +182,22 @@ def test_validation_errors_name_the_key_the_user_wrote(overrides, message):
     with pytest.raises(ConfigError) as info:
         load_config(overrides, GRPOConfig)
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_the_experiment_seed_fills_every_unset_seed():
+    from arealite.config import GenerationHyperparameters, LoRAConfig, PPOActorConfig, PPOCriticConfig
+
+    config = GRPOConfig(seed=5, critic=PPOCriticConfig(), actor=PPOActorConfig(lora=LoRAConfig()), weight_update="lora")
+    assert (config.critic.seed, config.actor.lora.seed, config.gconfig.sampling_seed) == (5, 5, 5)
+    own = GRPOConfig(seed=5, critic=PPOCriticConfig(seed=2), gconfig=GenerationHyperparameters(sampling_seed=7))
+    assert (own.critic.seed, own.gconfig.sampling_seed) == (2, 7)
+
+
+def test_lockstep_schedule_names_what_it_needs():
+    from arealite.config import InferenceEngineConfig
+
+    with pytest.raises(ConfigError, match=r"max_head_offpolicyness >= 1 .* got 0"):
+        InferenceEngineConfig(schedule="lockstep")
+    with pytest.raises(ConfigError, match="dynamic_sampling=false"):
+        InferenceEngineConfig(schedule="lockstep", max_head_offpolicyness=1, dynamic_sampling=True)
+    assert InferenceEngineConfig(schedule="lockstep", max_head_offpolicyness=1).schedule == "lockstep"

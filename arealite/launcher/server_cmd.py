@@ -68,6 +68,8 @@ def server_command(config: GRPOConfig, host: str, port: int, backend: str, pytho
         cmd += ["--context-length", str(server.context_length)]
     cmd += ["--random-seed", str(server.random_seed)]
     cmd += ["--max-running-requests", str(server.max_running_requests)]
+    if server.deterministic:
+        cmd += ["--enable-deterministic-inference"]
     lora = config.actor.lora
     if config.weight_update == "lora" and lora is not None:
         # adapters are loaded at run time: the server must reserve their rank and layers up front

@@ -27,6 +27,7 @@ makes no progress for `rollout.stall_timeout` logs why, and raises after twice t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import threading
 import time
@@ -361,6 +362,14 @@ class WorkflowExecutor:
         if not data:
             raise ValueError("rollout_batch got no data; pass a non-empty list of records")
         return self._loop.run(self._arollout_batch(_as_records(data), workflow, should_accept))
+
+    def submit_batch(
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> concurrent.futures.Future:
+        """`rollout_batch` without waiting: a future of the batch (rollout/lockstep.py)."""
+        if not data:
+            raise ValueError("submit_batch got no data; pass a non-empty list of records")
+        return self._loop.submit(self._arollout_batch(_as_records(data), workflow, should_accept))
 
     async def _arollout_batch(
         self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None

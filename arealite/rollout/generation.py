@@ -147,6 +147,14 @@ class SampleGenerator:
             raise GenerationError(
                 f"/generate aborted with status {chunk.error_status}: {chunk.message}", address, req.rid
             )
+        if chunk.tokens and body.get("processed_logprobs") and not chunk.processed_logprobs:
+            raise GenerationError(
+                "the server did not report processed (truncated-distribution) logprobs, which "
+                "gconfig.truncated_logprobs=true needs with top_p/top_k/min_p truncating; real SGLang never does "
+                "(docs/protocol.md §1.6): use the built-in server or set gconfig.truncated_logprobs=false",
+                address,
+                req.rid,
+            )
         if len(chunk.tokens) > max_new_tokens:
             raise GenerationError(
                 f"server returned {len(chunk.tokens)} tokens for max_new_tokens={max_new_tokens}", address, req.rid

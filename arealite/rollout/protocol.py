@@ -29,6 +29,7 @@ class GenerateChunk:
     version_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (version, start, end)
     error_status: int | None = None  # an abort carrying an error status (>= 400)
     message: str = ""
+    processed_logprobs: bool = False  # the server says its logprobs are of the truncated distribution (§1.6)
 
 
 def generate_body(
@@ -58,6 +59,9 @@ def generate_body(
     }
     if lora_name:
         body["lora_path"] = lora_name
+    if gconfig.logprob_truncation is not None:
+        # arealite's extension (§1.6): unknown top-level keys are ignored by every SGLang release.
+        body["processed_logprobs"] = True
     return body
 
 
@@ -116,6 +120,7 @@ def parse_generate_reply(reply: Any) -> GenerateChunk:
         version_spans=spans,
         error_status=int(status) if finish_type == "abort" and status is not None and int(status) >= 400 else None,
         message=str(finish.get("message", "")) if isinstance(finish, dict) else "",
+        processed_logprobs=meta.get("processed_logprobs") is True,
     )
 
 

@@ -310,6 +310,12 @@ class RemoteSGLangEngine:
         """Run `workflow` on every item of `data` now and return their trajectories in order."""
         return self.executor.rollout_batch(data, workflow, should_accept)
 
+    def submit_batch(
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> concurrent.futures.Future:
+        """`rollout_batch` without waiting for it: a future of the batch (rollout/lockstep.py)."""
+        return self.executor.submit_batch(data, workflow, should_accept)
+
     def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> Batch:
         """The next training batch, generated asynchronously within the staleness bound."""
         return self.executor.prepare_batch(dataloader, workflow, should_accept)

@@ -32,6 +32,9 @@ Deliberate differences from SGLang:
 * No prefix cache: `cached_tokens` is 0 and `/flush_cache` only applies SGLang's refusal rule.
 * Logprobs are log_softmax(logits / T) after penalties, before top-k/top-p/min-p truncation
   (docs/architecture.md §3.1); greedy reports temperature-1 logprobs, as SGLang's greedy rewrite does.
+  The top-level `processed_logprobs: true` (arealite's extension) asks for the truncated,
+  renormalised distribution's logprobs instead (docs/protocol.md §1.6.1).
+* `--enable-deterministic-inference` runs each sequence through the model alone (deterministic.py).
 * `ignore_eos` drops only the model's EOS ids; `stop_token_ids` always apply.
 * With `n > 1` and a `sampling_seed`, copy i uses seed + i (otherwise the copies would be equal).
 * A missing weight-update group is a clean 400 (SGLang asserts in its scheduler).

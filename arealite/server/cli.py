@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
             "sends its own `timeout`"
         ),
     )
+    p.add_argument(
+        "--enable-deterministic-inference",
+        action="store_true",
+        help="numerics independent of batch composition: each sequence runs through the model alone (slower)",
+    )
     for flag in IGNORED_VALUE_FLAGS:
         p.add_argument(flag, default=None, help=argparse.SUPPRESS)
     for flag in IGNORED_BOOL_FLAGS:
@@ -180,7 +185,7 @@ def lora_path_entry(entry: str) -> tuple[str, str]:
 
 def build_state(args: argparse.Namespace) -> ServerState:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    runner = ModelRunner(args.model_path, args.dtype, device, args.model_impl)
+    runner = ModelRunner(args.model_path, args.dtype, device, args.model_impl, args.enable_deterministic_inference)
     if args.enable_lora or args.lora_paths:  # SGLang: --lora-paths implies --enable-lora
         runner.lora = AdapterSet(
             runner.model, runner.lock, True, args.max_lora_rank, args.lora_target_modules, args.max_loaded_loras

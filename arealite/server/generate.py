@@ -77,6 +77,7 @@ def make_reqs(state: ServerState, call: GenerateCall) -> list[Req]:
                 seed=seed,
                 stream=call.stream,
                 lora=state.runner.lora.resolve(item.lora_path),
+                processed_logprobs=call.processed_logprobs,
             )
         )
     return reqs

@@ -24,6 +24,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from arealite.server import attention
+from arealite.server.deterministic import RowBatches
 from arealite.server.hf_forward import HFBatch, TransformersForward
 from arealite.server.kv_cache import KVCache
 from arealite.server.lean_model import LeanModel, unsupported_reason
@@ -70,7 +71,14 @@ def load_model(model_path: str, dtype: torch.dtype, device: str) -> torch.nn.Mod
 class ModelRunner:
     """Runs prefill and decode forwards; holds the model behind a lock for weight swaps."""
 
-    def __init__(self, model_path: str, dtype: str = "auto", device: str = "cpu", model_impl: str = "auto"):
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str = "auto",
+        device: str = "cpu",
+        model_impl: str = "auto",
+        deterministic: bool = False,
+    ):
         if model_impl not in MODEL_IMPLS:
             raise ValueError(f"--model-impl {model_impl!r} is not one of {MODEL_IMPLS}")
         self.device = device
@@ -83,6 +91,7 @@ class ModelRunner:
         self.forward = self._choose(model_impl)
         self.impl: str = self.forward.name
         self.lora = AdapterSet(self.model, self.lock)  # disabled until the CLI enables it (--enable-lora)
+        self.deterministic = deterministic  # --enable-deterministic-inference: one forward per sequence
 
     @property
     def lora(self) -> AdapterSet:
@@ -105,8 +114,11 @@ class ModelRunner:
             )
         return LeanModel(self.model, self.dtype, self.device)
 
-    def new_batch(self) -> Batch:
-        """An empty batch of running rows for this runner's forward."""
+    def new_batch(self) -> Batch | RowBatches:
+        """An empty batch of running rows for this runner's forward (deterministic.py's
+        single-row batches with --enable-deterministic-inference)."""
+        if self.deterministic:
+            return RowBatches(self.forward.new_batch)
         return self.forward.new_batch()
 
     @torch.inference_mode()
@@ -116,15 +128,27 @@ class ModelRunner:
         """Append `prompts` to `batch` as its last rows; returns fp32 logits ([n, V] at the last
         position, or with `all_logits` [n, L, V] left-padded). `adapters[i]`: prompt i's LoRA
         adapter (None: the base model)."""
+        if isinstance(batch, RowBatches):  # one step under one lock: the weights cannot change between rows
+            with self.lock:
+                return batch.prefill(
+                    lambda row, p, i: self.prefill(row, [p], all_logits, _pick(adapters, i)), prompts, all_logits
+                )
         with self.lock, self.lora.rows(adapters):
             return self.forward.prefill(batch, prompts, all_logits)
 
     @torch.inference_mode()
     def decode(self, batch: Batch, tokens: torch.Tensor, adapters: list | None = None) -> torch.Tensor:
         """Feed one pending token per row ([B] long); extends the cache; returns fp32 logits [B, V]."""
+        if isinstance(batch, RowBatches):
+            with self.lock:
+                return batch.decode(lambda row, t, i: self.decode(row, t, _pick(adapters, i)), tokens)
         with self.lock, self.lora.rows(adapters):
             return self.forward.decode(batch, tokens)
 
     def weights_changed(self) -> None:
         """Called (under the lock) after weights were copied into the model."""
         self.forward.refresh()
+
+
+def _pick(adapters: list | None, i: int) -> list | None:
+    return None if adapters is None else [adapters[i]]

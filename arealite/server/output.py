@@ -52,6 +52,8 @@ def build_result(req: Req, n: int, tokenizer, weight_version: str, with_text: bo
         meta["e2e_latency"] = time.perf_counter() - req.created
     meta["num_retractions"] = req.num_retractions
     if req.return_logprob:
+        if req.processed_logprobs:
+            meta["processed_logprobs"] = True  # the client checks the server honoured the request
         meta["output_token_logprobs"] = _triples(req.output_logprobs[:n], ids, tokenizer, with_text)
         start = req.logprob_start_len
         input_ids = req.prompt[start:] if start >= 0 else []

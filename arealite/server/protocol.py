@@ -43,6 +43,7 @@ class GenerateCall:
     is_batch: bool  # reply with a JSON array
     stream: bool
     return_text_in_logprobs: bool
+    processed_logprobs: bool = False  # arealite's extension: logprobs of the truncated sampling distribution
 
 
 def _describe(value) -> str:
@@ -224,6 +225,7 @@ def parse_generate(body: dict, vocab_size: int, limits: RequestLimits | None = N
             )
     stream = _expect(body.get("stream", False), "a boolean", "stream")
     text_in_lp = _expect(body.get("return_text_in_logprobs", False), "a boolean", "return_text_in_logprobs")
+    processed = _expect(body.get("processed_logprobs", False), "a boolean", "processed_logprobs")
     rids = _rids(body, size, is_batch)
     loras = lora_paths(body, size)
     if n > 1:
@@ -249,7 +251,7 @@ def parse_generate(body: dict, vocab_size: int, limits: RequestLimits | None = N
                     lora_path=loras[i],
                 )
             )
-    return GenerateCall(items, is_batch, stream, text_in_lp)
+    return GenerateCall(items, is_batch, stream, text_in_lp, processed)
 
 
 def check_length(prompt_len: int, max_new_tokens: int | None, context_len: int) -> None:

@@ -30,6 +30,7 @@ class Req:
     seed: int = 0
     stream: bool = False
     lora: object | None = None  # the LoRA adapter (server/lora.py) this sequence generates with; None: base model
+    processed_logprobs: bool = False  # report logprobs of the truncated sampling distribution (sampling.py)
     # Called from the scheduler thread with (req, n_output_tokens, finished).
     on_event: Callable[[Req, int, bool], None] | None = None
 

@@ -1,10 +1,13 @@
 """Sampling parameters (SGLang's `sampling_params`, 0.5.23 semantics) and the batched sampler.
 
-Logprobs follow docs/architecture.md §3.1: log_softmax(logits / temperature) at the chosen token, after the
+Logprobs follow SGLang 0.5.x: log_softmax(logits / temperature) at the chosen token, after the
 frequency/presence/repetition penalties and the min_new_tokens stop-token mask, but BEFORE
-top-k/top-p/min-p truncation, so a trainer recomputing log_softmax(logits / T) at the same
-weights gets the same numbers. Greedy (temperature < 1e-6) is argmax and reports logprobs at
-temperature 1, as SGLang rewrites greedy to temperature=1, top_k=1.
+top-k/top-p/min-p truncation. Greedy (temperature < 1e-6) is argmax and reports logprobs at
+temperature 1, as SGLang rewrites greedy to temperature=1, top_k=1. A request with the
+top-level `processed_logprobs: true` (an arealite extension, docs/protocol.md §1.6) gets the
+logprobs of the distribution each token was drawn from instead: the truncated, renormalised
+one (arealite/truncation.py), which is what the trainer recomputes with
+`gconfig.truncated_logprobs`.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from arealite.truncation import TOP_K_ALL, Truncation, sorted_keep, truncation_columns
+
 GREEDY_EPS = 1e-6
-TOP_K_ALL = 1 << 30  # SGLang 0.5.16+'s spelling of "whole vocabulary"
 MAX_STOP_STRINGS = 32  # 0.5.23 caps the stop list
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values; beyond it fp32 logits overflow to inf
 
@@ -160,21 +164,27 @@ def sample(
     params: list[SamplingParams],
     streams: list[UniformStream],
     top_logprobs_num: int = 0,
+    processed: list[bool] | None = None,
 ) -> SampleOutput:
     """Choose one token per row of fp32 `logits` [B, V] (already penalized and masked);
-    `streams[i]` gives row i its uniform draw (greedy rows draw nothing)."""
+    `streams[i]` gives row i its uniform draw (greedy rows draw nothing). Row i reports
+    processed logprobs (of the truncated, renormalised distribution it was sampled from)
+    when `processed[i]`, else SGLang's log_softmax(logits / T)."""
     temps = [1.0 if p.greedy else p.temperature for p in params]
     scaled = logits if all(t == 1.0 for t in temps) else logits / logits.new_tensor(temps)[:, None]
     logprobs_all = torch.log_softmax(scaled, dim=-1)  # [B, V]
     sampled_rows = [i for i, p in enumerate(params) if not p.greedy]
     uniforms = scaled.new_tensor([streams[i].next() for i in sampled_rows])
+    keep = None  # [len(sampled_rows), V] support of the sampled rows, when something truncates
     if len(sampled_rows) == len(params):  # the usual RL batch: every row samples
-        tokens = _sample_truncated(scaled, params, uniforms)
+        tokens, keep = _sample_truncated(scaled, params, uniforms)
     else:
         tokens = scaled.argmax(dim=-1)
         if sampled_rows:
             rows = torch.tensor(sampled_rows, dtype=torch.long, device=logits.device)
-            tokens[rows] = _sample_truncated(scaled[rows], [params[i] for i in sampled_rows], uniforms)
+            tokens[rows], keep = _sample_truncated(scaled[rows], [params[i] for i in sampled_rows], uniforms)
+    if processed is not None and any(processed):
+        logprobs_all = _processed_logprobs(scaled, logprobs_all, tokens, params, processed, sampled_rows, keep)
     chosen = logprobs_all.gather(1, tokens[:, None])[:, 0]
     top_ids = top_lp = None
     if top_logprobs_num > 0:
@@ -182,28 +192,55 @@ def sample(
     return SampleOutput(tokens, chosen, top_ids, top_lp)
 
 
-def _sample_truncated(scaled: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling from softmax(scaled) [n, V] after top-k, top-p and min-p truncation."""
+def _processed_logprobs(
+    scaled: torch.Tensor,
+    logprobs_all: torch.Tensor,
+    tokens: torch.Tensor,
+    params: list[SamplingParams],
+    processed: list[bool],
+    sampled_rows: list[int],
+    keep: torch.Tensor | None,
+) -> torch.Tensor:
+    """Log-softmax over each processed row's support [B, V] (-inf outside it): the support the
+    sampler used (`keep`, rows `sampled_rows`), or the argmax alone for a greedy row (SGLang
+    runs greedy as top_k=1). Rows whose support is the whole vocabulary keep `logprobs_all`."""
+    support = torch.ones_like(scaled, dtype=torch.bool)
+    if keep is not None:
+        support[torch.tensor(sampled_rows, dtype=torch.long, device=scaled.device)] = keep
+    greedy = [i for i, p in enumerate(params) if p.greedy and processed[i]]
+    if greedy:
+        rows = torch.tensor(greedy, dtype=torch.long, device=scaled.device)
+        support[rows] = False
+        support[rows, tokens[rows]] = True
+    cut = [i for i in range(len(params)) if processed[i] and not bool(support[i].all())]
+    if not cut:
+        return logprobs_all
+    rows = torch.tensor(cut, dtype=torch.long, device=scaled.device)
+    out = logprobs_all.clone()
+    out[rows] = torch.log_softmax(scaled[rows].masked_fill(~support[rows], float("-inf")), dim=-1)
+    return out
+
+
+def _sample_truncated(
+    scaled: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Inverse-CDF sampling from softmax(scaled) [n, V] after top-k, top-p and min-p truncation
+    (arealite/truncation.py). Returns the tokens [n] and the kept support [n, V] in vocabulary
+    order, or None when no row truncates."""
     probs = torch.softmax(scaled, dim=-1)
     vocab = probs.shape[-1]
-    if all(p.top_p >= 1.0 and p.min_p == 0.0 and not 0 < p.top_k < vocab for p in params):
+    truncations = [Truncation(p.top_k, p.top_p, p.min_p) for p in params]
+    if not any(t.cuts(vocab) for t in truncations):
         # Nothing to truncate: skip the O(V log V) sort, which dominates on real vocabularies.
         cdf = probs.cumsum(-1)
         idx = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True)
-        return idx.clamp(max=vocab - 1)[:, 0]
+        return idx.clamp(max=vocab - 1)[:, 0], None
     sorted_probs, order = probs.sort(dim=-1, descending=True)
-    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-    top_k = probs.new_tensor([p.top_k if p.top_k > 0 else TOP_K_ALL for p in params])[:, None]
-    top_p = probs.new_tensor([p.top_p for p in params])[:, None]
-    min_p = probs.new_tensor([p.min_p for p in params])[:, None]
-    keep = ranks < top_k
-    # Keep a token while the mass strictly before it is below top_p (the first one always stays).
-    keep &= ((sorted_probs.cumsum(-1) - sorted_probs) < top_p) | (top_p >= 1.0)  # rounding must not cut the tail at 1.0
-    keep &= sorted_probs >= min_p * sorted_probs[:, :1]
+    keep = sorted_keep(sorted_probs, *truncation_columns(truncations, probs))
     kept = sorted_probs * keep
     cdf = kept.cumsum(-1)
     targets = uniforms[:, None] * cdf[:, -1:]
-    idx = torch.searchsorted(cdf, targets, right=True).clamp(max=probs.shape[-1] - 1)
+    idx = torch.searchsorted(cdf, targets, right=True).clamp(max=vocab - 1)
     # searchsorted can land on a zeroed (truncated) slot only through rounding; step back to a kept one.
     idx = torch.minimum(idx, keep.sum(-1, keepdim=True) - 1)
-    return order.gather(1, idx)[:, 0]
+    return order.gather(1, idx)[:, 0], torch.zeros_like(keep).scatter_(-1, order, keep)

@@ -268,7 +268,8 @@ class Scheduler:
         """Sample one token per row, record it, and return the rows that finished."""
         self._mask_logits(reqs, logits)
         k = max(r.top_logprobs_num for r in reqs)
-        out = sample(logits, [r.params for r in reqs], [r.uniforms for r in reqs], k)
+        processed = [r.processed_logprobs for r in reqs]
+        out = sample(logits, [r.params for r in reqs], [r.uniforms for r in reqs], k, processed)
         tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
         tops = (out.top_logprobs.tolist(), out.top_ids.tolist()) if k else None
         finished = set()

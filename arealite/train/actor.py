@@ -31,6 +31,7 @@ from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
 from arealite.train.engine import FSDPEngine, load_causal_lm
 from arealite.train.logprobs import batch_token_logprobs, packed_token_logprobs
+from arealite.truncation import Truncation
 
 
 class PPOActor(FSDPEngine):
@@ -66,7 +67,7 @@ class PPOActor(FSDPEngine):
         0 at t = 0, on padding, and (when the batch has `loss_mask`) outside the loss mask.
         """
         temp = self.gconfig.logprob_temperature if temperature is None else temperature
-        return batch_token_logprobs(self, batch, temp)
+        return batch_token_logprobs(self, batch, temp, self.gconfig.logprob_truncation)
 
     def compute_advantages(self, batch: Batch) -> Batch:
         """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it.
@@ -117,7 +118,12 @@ class PPOActor(FSDPEngine):
                 batch = {**batch, "prox_logp": self.compute_logp(batch)}
             # else: no prox_logp key, and actor_loss takes its own forward's log-probs
         agg = AGGREGATIONS[cfg.loss_agg_mode]
-        loss_fn = partial(actor_loss, config=cfg, temperature=self.gconfig.logprob_temperature)
+        loss_fn = partial(
+            actor_loss,
+            config=cfg,
+            temperature=self.gconfig.logprob_temperature,
+            truncation=self.gconfig.logprob_truncation,
+        )
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
         out = self.train_minibatches(batch, loss_fn, weight_fn, cfg.ppo_n_minibatches, "actor.ppo_n_minibatches")
         advantage_stats, self._advantage_stats = self._advantage_stats, {}
@@ -125,7 +131,11 @@ class PPOActor(FSDPEngine):
 
 
 def actor_loss(
-    logits: torch.Tensor, mb: Batch, config: PPOActorConfig, temperature: float = 1.0
+    logits: torch.Tensor,
+    mb: Batch,
+    config: PPOActorConfig,
+    temperature: float = 1.0,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """The configured PPO loss on one packed micro-batch; logits [N, V] at the sampling `temperature`.
 
@@ -136,7 +146,7 @@ def actor_loss(
     dev = logits.device
     cu = mb["cu_seqlens"].to(dev)
     mask = mb["loss_mask"].to(dev).bool()
-    logp = packed_token_logprobs(logits, mb["input_ids"], cu, temperature)
+    logp = packed_token_logprobs(logits, mb["input_ids"], cu, temperature, truncation)
     prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()
     agg = AGGREGATIONS[config.loss_agg_mode].reduce

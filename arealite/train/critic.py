@@ -22,15 +22,20 @@ from arealite.data.packing import Batch
 from arealite.train.engine import FSDPEngine
 
 
-def load_value_model(path: str, attn_implementation: str) -> torch.nn.Module:
-    """The backbone at `path` with a new scalar head (no dropout: values must be deterministic)."""
+def load_value_model(path: str, attn_implementation: str, seed: int = 0) -> torch.nn.Module:
+    """The backbone at `path` with a new scalar head (no dropout: values must be deterministic).
+
+    The head is drawn from a generator seeded by `seed` alone: the same seed gives the same
+    critic whatever the process drew before, and the process's random state is left as it was."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0
-    return AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=torch.float32, attn_implementation=attn_implementation
-    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=torch.float32, attn_implementation=attn_implementation
+        )
 
 
 def packed_token_values(scores: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
@@ -43,7 +48,8 @@ def packed_token_values(scores: torch.Tensor, cu_seqlens: torch.Tensor) -> torch
 class PPOCritic(FSDPEngine):
     """FSDPEngine over a value model. `total_train_steps` counts training steps."""
 
-    def __init__(self, config: PPOCriticConfig, total_train_steps: int | None = None, build_model=load_value_model):
+    def __init__(self, config: PPOCriticConfig, total_train_steps: int | None = None, build_model=None):
+        build_model = build_model or partial(load_value_model, seed=config.seed or 0)
         optimizer_steps = None if total_train_steps is None else total_train_steps * config.ppo_n_minibatches
         super().__init__(config, optimizer_steps, build_model)
         self.config: PPOCriticConfig = config

@@ -65,7 +65,10 @@ def apply_lora(model: torch.nn.Module, config: LoRAConfig) -> torch.nn.Module:
             f"actor.lora.target_modules names {missing}, which {type(model).__name__} has no linear layer "
             f"called; its linear layers are {sorted(names)}"
         )
-    model = peft.inject_adapter_in_model(peft_config(config), model, adapter_name=_ADAPTER)
+    # lora_A is drawn from a generator seeded by `config.seed` alone (the process's state is kept)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed or 0)
+        model = peft.inject_adapter_in_model(peft_config(config), model, adapter_name=_ADAPTER)
     for name, p in model.named_parameters():
         p.requires_grad_(is_adapter_parameter(name))
     return model

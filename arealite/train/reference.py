@@ -33,4 +33,4 @@ class ReferenceModel(FSDPEngine):
         """Token-aligned logprobs [B, T] under the reference weights (same convention as the actor's),
         at `temperature` (default: the sampling temperature of `gconfig`)."""
         temp = self.gconfig.logprob_temperature if temperature is None else temperature
-        return batch_token_logprobs(self, batch, temp)
+        return batch_token_logprobs(self, batch, temp, self.gconfig.logprob_truncation)

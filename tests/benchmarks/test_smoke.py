@@ -34,13 +34,23 @@ HELPERS = {"harness.py", "grpo_step.py"}  # imported by the scripts, not run
 FIGURES = {
     "advantages.py": "triton_vs_floor" if _cuda_visible() else "reference_vs_loop",
     "async_speedup.py": "async2_vs_best_sync",
+    "deterministic_server.py": "deterministic_throughput_ratio",
+    "lockstep_schedule.py": "lockstep_vs_interruptible",
     "lora_memory.py": "lora_memory_ratio",
     "rollout_overhead.py": "overhead_pct",
     "server_throughput.py": "speedup_vs_batched_generate",
     "train_packing.py": "packed_speedup",
     "vs_trl.py": "arealite_vs_trl_equal_cores",
 }
-TAKES_MODEL_PATH = {"async_speedup.py", "rollout_overhead.py", "server_throughput.py", "train_packing.py", "vs_trl.py"}
+TAKES_MODEL_PATH = {
+    "async_speedup.py",
+    "deterministic_server.py",
+    "lockstep_schedule.py",
+    "rollout_overhead.py",
+    "server_throughput.py",
+    "train_packing.py",
+    "vs_trl.py",
+}
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in HELPERS)
 
 

@@ -25,7 +25,7 @@ def run_example(
     """The example script on `configs/<config>` with `overrides`, one server of `model` (with
     `server_args`), one trainer thread; fails with the run's output tail unless it exits 0.
     Returns stats.jsonl rows."""
-    server = launch_server_process(model, extra_args=["--skip-server-warmup", *server_args])
+    server = launch_server_process(model, extra_args=["--skip-server-warmup", *server_args], timeout=300)
     env = {
         **os.environ, "OMP_NUM_THREADS": "1", "AREAL_LLM_SERVER_ADDRS": server.address,
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",

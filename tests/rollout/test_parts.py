@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
-from arealite.rollout.errors import TransientServerError, WeightUpdateError
+from arealite.rollout.errors import GenerationError, TransientServerError, WeightUpdateError
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.generation import SampleGenerator
 from arealite.rollout.health import HealthMonitor
@@ -131,3 +131,34 @@ def test_the_client_on_a_fake_transport_pauses_and_resumes_every_server(mode):
     assert pauses == [(A, {"mode": mode}), (B, {"mode": mode})]
     assert [c.address for c in transport.to("/continue_generation")] == [A, B]
     assert {c.address for c in transport.to("/health")} == {A, B}
+
+
+@pytest.mark.parametrize("echo", [True, False])
+def test_truncated_sampling_asks_for_processed_logprobs_and_refuses_a_server_that_ignores_it(echo):
+    """SGLang ignores the unknown top-level key and answers full-vocabulary logprobs without
+    the echo (docs/protocol.md §1.6.1): the client must not train on them as if truncated."""
+
+    def reply(call):
+        meta = {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.1, 9, None]]}
+        if echo and call.body.get("processed_logprobs"):
+            meta["processed_logprobs"] = True
+        return 200, {"output_ids": [9], "meta_info": meta}
+
+    transport, pool, gate = FakeTransport({"/generate": reply}), ServerPool([A]), VersionGate()
+
+    async def main(gconfig):
+        gate.open()
+        gen = SampleGenerator(transport, pool, gate, InferenceEngineConfig(), probe=None, on_progress=lambda: None)
+        return await gen.agenerate(ModelRequest(input_ids=[1, 2], gconfig=gconfig))
+
+    _run(main(GenerationHyperparameters(max_new_tokens=2)))  # nothing truncates: nothing asked, nothing checked
+    assert "processed_logprobs" not in transport.to("/generate")[-1].body
+    truncating = GenerationHyperparameters(max_new_tokens=2, top_p=0.9)
+    if echo:
+        assert _run(main(truncating)).output_logprobs == [-0.1]
+    else:
+        with pytest.raises(GenerationError, match="gconfig.truncated_logprobs=false"):
+            _run(main(truncating))
+    assert transport.to("/generate")[-1].body["processed_logprobs"] is True
+    _run(main(GenerationHyperparameters(max_new_tokens=2, top_p=0.9, truncated_logprobs=False)))
+    assert "processed_logprobs" not in transport.to("/generate")[-1].body

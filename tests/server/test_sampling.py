@@ -35,7 +35,7 @@ def test_truncated_sampling_matches_naive_distribution(top_k, top_p, min_p):
     params = [SamplingParams(top_k=top_k, top_p=top_p, min_p=min_p)]
     n = 20000
     uniforms = torch.rand(n, generator=torch.Generator().manual_seed(1))
-    draws = _sample_truncated(logits.expand(n, -1), params * n, uniforms)
+    draws, _ = _sample_truncated(logits.expand(n, -1), params * n, uniforms)
     counts = torch.bincount(draws, minlength=12).double() / n
     total = sum(probs[i] for i in allowed)
     expected = torch.tensor([probs[i] / total if i in allowed else 0.0 for i in range(12)], dtype=torch.double)
