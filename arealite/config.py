@@ -112,6 +112,10 @@ class InferenceEngineConfig:
     # logged; raised after twice that; 0 disables
     pause_mode: str = "abort"  # weight sync: abort (interrupt, resubmit with partial output; any SGLang) | in_place
     # (stay, continue on new weights over kept KV; >= 0.5.6) | retract (stay queued, KV recomputed on resume; >= 0.5.6)
+    dump_dir: str = ""  # write each trained step's samples (prompt and completion text, token ids, logprobs, versions,
+    # reward, advantages) to <dump_dir>/step_<n>/rank<r>.jsonl, one line per sample (`arealite.replay.RolloutDump`);
+    # `python -m arealite.replay <dump_dir> --step <n>` re-runs that step's update; empty: no dump
+    dump_keep_steps: int = 20  # steps kept in dump_dir (older ones are deleted); 0 keeps every step
 
     def __post_init__(self) -> None:
         _check_choice("rollout", "pause_mode", self.pause_mode, PAUSE_MODES)
@@ -122,6 +126,7 @@ class InferenceEngineConfig:
         for name in ("control_timeout", "weight_update_timeout", "setup_timeout", "health_check_timeout"):
             _check_positive("rollout", name, getattr(self, name))
         _check_positive("rollout", "stall_timeout", self.stall_timeout, allow_zero=True)
+        _check_positive("rollout", "dump_keep_steps", self.dump_keep_steps, allow_zero=True)
 
 
 @dataclass
@@ -347,6 +352,8 @@ class StatsLoggerConfig:
     wandb_mode: str = "disabled"  # disabled | offline | online
     progress_bar: bool = True  # a tqdm bar over training steps on the main process
     plot: bool = True  # write <run_dir>/plots.png at the end of the run (needs matplotlib)
+    samples_shown: int = 3  # completions of the trained batch shown in the console, samples.jsonl, tensorboard and
+    # wandb at each evaluation (`StatsLogger.log_samples`); 0: none
 
 
 @dataclass
