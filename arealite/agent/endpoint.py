@@ -16,7 +16,7 @@ and a request that continues an earlier completion continues its tokens (never r
 The session's trajectory is the conversation ending at its latest completion, model tokens in
 the loss and everything else masked.
 
-A program may also POST `{"reward": <float>}` to `<base_url>/reward` (see `AgentWorkflow`).
+A program may also POST `{"reward": <float>}` to `<base_url>/reward` (see `AgentProgramWorkflow`).
 Bad requests get OpenAI's error body (`{"error": {"message", "type", "param", "code"}}`) with
 status 400; an unknown or closed session 404; streaming is refused with a 400. The endpoint
 listens on loopback unless given another host.

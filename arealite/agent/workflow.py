@@ -1,4 +1,4 @@
-"""`AgentWorkflow`: an agent that is a separate program, trained through the OpenAI-compatible endpoint.
+"""`AgentProgramWorkflow`: an agent that is a separate program, trained through the OpenAI-compatible endpoint.
 
 Per episode, each of the `group_size` samples runs `command` as a subprocess with its own
 session of an `AgentEndpoint` (served on the rollout event loop). The program is any OpenAI
@@ -47,7 +47,7 @@ _REWARD_LINE = re.compile(r"^\s*reward\s*=\s*(\S+)\s*$")
 _FAILURES = ("agent_timeouts", "agent_crashes", "agent_no_completion", "agent_no_reward")
 
 
-class AgentWorkflow(RolloutWorkflow):
+class AgentProgramWorkflow(RolloutWorkflow):
     """Runs `command` once per sample against its own session of an OpenAI-compatible endpoint."""
 
     def __init__(

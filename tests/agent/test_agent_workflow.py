@@ -1,4 +1,4 @@
-"""AgentWorkflow end to end: a real subprocess using the `openai` package talks to the real
+"""AgentProgramWorkflow end to end: a real subprocess using the `openai` package talks to the real
 endpoint in front of a real built-in server; what it was sent is exactly what is trained on,
 and programs that hang, crash or report no reward are killed / rejected and counted."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arealite.agent import AgentWorkflow
+from arealite.agent import AgentProgramWorkflow
 from arealite.config import GenerationHyperparameters
 from tests.tool_model import QUESTION
 
@@ -31,7 +31,9 @@ def test_an_openai_program_becomes_a_trajectory_of_exactly_the_tokens_it_was_sen
     tool_engine, tool_tokenizer, tmp_path
 ):
     log = tmp_path / "received.jsonl"
-    workflow = AgentWorkflow(PROGRAM, tool_tokenizer, GCONFIG, timeout=120, env={**_env(), "AGENT_LOG": str(log)})
+    workflow = AgentProgramWorkflow(
+        PROGRAM, tool_tokenizer, GCONFIG, timeout=120, env={**_env(), "AGENT_LOG": str(log)}
+    )
     batch = tool_engine.rollout_batch([{"messages": QUESTION, "answer": "408"}], workflow)
     assert batch["input_ids"].shape[0] == 2 and batch["rewards"].tolist() == [1.0, 1.0]  # the program's reward line
     received = [json.loads(line) for line in log.read_text().splitlines()]
@@ -54,7 +56,7 @@ def test_an_openai_program_becomes_a_trajectory_of_exactly_the_tokens_it_was_sen
 def test_hung_crashed_and_silent_programs_are_killed_rejected_and_counted(tool_engine, tool_tokenizer, tmp_path):
     pid_file = tmp_path / "child.pid"
     g1 = GenerationHyperparameters(group_size=1, max_new_tokens=96, temperature=0.0)
-    workflow = AgentWorkflow(PROGRAM, tool_tokenizer, g1, timeout=25, env=_env())  # python + openai start slowly
+    workflow = AgentProgramWorkflow(PROGRAM, tool_tokenizer, g1, timeout=25, env=_env())  # python + openai start slowly
     records = [
         {"messages": QUESTION, "answer": "408", "mode": "hang", "pid_file": str(pid_file)},
         {"messages": QUESTION, "answer": "408", "mode": "crash"},
@@ -87,7 +89,7 @@ def _zombie(pid: int) -> bool:
 def test_a_reward_function_scores_the_final_reply(tool_engine, tool_tokenizer):
     from tests.agent.rewards import exact_answer
 
-    workflow = AgentWorkflow(PROGRAM, tool_tokenizer, GCONFIG, reward_fn=exact_answer, timeout=120, env=_env())
+    workflow = AgentProgramWorkflow(PROGRAM, tool_tokenizer, GCONFIG, reward_fn=exact_answer, timeout=120, env=_env())
     batch = tool_engine.rollout_batch([{"messages": QUESTION, "answer": "409", "mode": "http_reward"}], workflow)
     assert batch["rewards"].tolist() == [0.0, 0.0]  # the function's verdict (409 is wrong), not the program's 0.5
     assert torch.equal(batch["loss_mask"].sum(-1) > 0, torch.tensor([True, True]))
@@ -95,6 +97,6 @@ def test_a_reward_function_scores_the_final_reply(tool_engine, tool_tokenizer):
 
 def test_bad_settings_are_refused(tool_tokenizer):
     with pytest.raises(ValueError, match="command is empty"):
-        AgentWorkflow([], tool_tokenizer, GCONFIG)
+        AgentProgramWorkflow([], tool_tokenizer, GCONFIG)
     with pytest.raises(ValueError, match="timeout=0"):
-        AgentWorkflow(PROGRAM, tool_tokenizer, GCONFIG, timeout=0)
+        AgentProgramWorkflow(PROGRAM, tool_tokenizer, GCONFIG, timeout=0)
