@@ -421,6 +421,19 @@ class ToolUseConfig:
 
 
 @dataclass
+class AgentProgramConfig:
+    """Agents that are programs (`arealite.agent.AgentProgramWorkflow`), read by examples/openai_agent_grpo.py."""
+
+    command: list[str] = field(default_factory=list)  # the program and its arguments, run once per sample with
+    # OPENAI_BASE_URL set to its session of the endpoint (docs/agents.md)
+    timeout: float = 60.0  # seconds a program may run; past it it is killed and its group rejected
+    host: str = "127.0.0.1"  # where the endpoint listens; loopback unless the programs run elsewhere
+
+    def __post_init__(self) -> None:
+        _check_positive("agent", "timeout", self.timeout)
+
+
+@dataclass
 class GRPOConfig:
     """A GRPO/PPO experiment: everything one training script reads."""
 
@@ -452,6 +465,8 @@ class GRPOConfig:
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)  # held-out evaluation during training
     sft: SFTConfig = field(default_factory=SFTConfig)  # the supervised warm start before RL
     tool_use: ToolUseConfig | None = None  # tool calling (examples/tools_grpo.py)
+    agent: AgentProgramConfig | None = None  # agent programs behind an OpenAI-compatible endpoint
+    # (examples/openai_agent_grpo.py)
 
     def __post_init__(self) -> None:
         _check_choice("", "weight_update", self.weight_update, ("disk", "distributed", "lora"))
