@@ -42,17 +42,19 @@ from arealite import (
 from arealite.agent import AgentProgramWorkflow
 from arealite.config import ConfigError
 from arealite.eval.evaluator import eval_gconfig
+from arealite.rollout.executor import RolloutWorkflowError
 from arealite.world import all_reduce
 
 
 def accuracy(rollout: RemoteSGLangEngine, workflow: AgentProgramWorkflow, records: list[dict]) -> float:
     """Mean reward over this rank's `records` (a failed program counts as 0), over all ranks; collective."""
-    rewards = torch.zeros(0)
+    rewards, rejected = torch.zeros(0), workflow.stats["rejected_groups"]
     if records:
         try:
             rewards = rollout.rollout_batch(records, workflow)["rewards"]
-        except RuntimeError:  # every program failed
-            rewards = torch.zeros(0)
+        except RolloutWorkflowError:
+            if workflow.stats["rejected_groups"] - rejected < len(records):
+                raise  # not (only) failed programs
     totals = all_reduce(torch.tensor([rewards.sum().item(), len(records)], dtype=torch.float64))
     return (totals[0] / totals[1]).item()
 
