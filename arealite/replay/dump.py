@@ -34,7 +34,7 @@ def step_dir(dump_dir: str, step: int) -> str:
 
 
 class RolloutDump:
-    """Writes `<dump_dir>/step_<n>/`; `write` is called on every trainer rank after `ppo_update`."""
+    """Writes `<dump_dir>/step_<n>/`; `write` is called on every trainer rank after `ppo_update` (collective)."""
 
     def __init__(
         self, dump_dir: str, tokenizer: Any, run_dir: str = "", rank: int = 0, world_size: int = 1, keep_steps: int = 20
@@ -63,6 +63,10 @@ class RolloutDump:
         with open(path + ".tmp", "w") as f:
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
         os.replace(path + ".tmp", path)
+        if self.world_size > 1:
+            from arealite import world
+
+            world.barrier()  # every rank's file is in place before meta.json marks the step complete
         if self.rank == 0:
             meta = {
                 "step": step,
