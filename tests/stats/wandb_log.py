@@ -13,6 +13,7 @@ import glob
 import json
 import os
 import struct
+import time
 
 _BLOCK = 32 * 1024
 _FULL, _FIRST, _MIDDLE, _LAST = 1, 2, 3, 4
@@ -38,18 +39,31 @@ def _records(data: bytes):
             yield pending
 
 
-def wandb_history(run_root: str) -> dict[int, dict[str, object]]:
-    """{step: {key: value}} of every `run.log` call in the offline run under `run_root`."""
+def wandb_history(run_root: str, timeout: float = 60.0) -> dict[int, dict[str, object]]:
+    """{step: {key: value}} of every `run.log` call in the offline run under `run_root`.
+
+    Waits (up to `timeout` s) for the log's `exit` record: W&B's core process may still be
+    writing when `finish()` has returned on a busy machine."""
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = glob.glob(os.path.join(run_root, "wandb", "offline-run-*", "run-*.wandb"))
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+    deadline = time.monotonic() + timeout
+    while True:
+        (path,) = glob.glob(os.path.join(run_root, "wandb", "offline-run-*", "run-*.wandb"))
+        with open(path, "rb") as f:
+            data = f.read()
+        assert data[:4] == b":W&B", f"{path} is not a W&B transaction log"
+        records = []
+        for raw in _records(data):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            records.append(record)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds:
+            break
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout}s; records: {kinds}"
+        time.sleep(0.5)
     out: dict[int, dict[str, object]] = {}
-    for raw in _records(data):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+    for record in records:
         if record.WhichOneof("record_type") == "history":
             items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
             out.setdefault(int(items.pop("_step")), {}).update(items)
