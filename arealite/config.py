@@ -142,6 +142,10 @@ class InferenceEngineConfig:
     # within the staleness bound, weight syncs interrupt them) | lockstep (batch b is exactly the b-th prompt batch,
     # generated entirely by weights b - k while batch b - 1 trains; never interrupted, reproducible; no dynamic
     # sampling)
+    dump_dir: str = ""  # write each trained step's samples (prompt and completion text, token ids, logprobs, versions,
+    # reward, advantages) to <dump_dir>/step_<n>/rank<r>.jsonl, one line per sample (`arealite.replay.RolloutDump`);
+    # `python -m arealite.replay <dump_dir> --step <n>` re-runs that step's update; empty: no dump
+    dump_keep_steps: int = 20  # steps kept in dump_dir (older ones are deleted); 0 keeps every step
 
     def __post_init__(self) -> None:
         _check_choice("rollout", "pause_mode", self.pause_mode, PAUSE_MODES)
@@ -159,6 +163,7 @@ class InferenceEngineConfig:
         for name in ("control_timeout", "weight_update_timeout", "setup_timeout", "health_check_timeout"):
             _check_positive("rollout", name, getattr(self, name))
         _check_positive("rollout", "stall_timeout", self.stall_timeout, allow_zero=True)
+        _check_positive("rollout", "dump_keep_steps", self.dump_keep_steps, allow_zero=True)
 
 
 @dataclass
@@ -388,6 +393,8 @@ class StatsLoggerConfig:
     wandb_mode: str = "disabled"  # disabled | offline | online
     progress_bar: bool = True  # a tqdm bar over training steps on the main process
     plot: bool = True  # write <run_dir>/plots.png at the end of the run (needs matplotlib)
+    samples_shown: int = 3  # completions of the trained batch shown in the console, samples.jsonl, tensorboard and
+    # wandb at each evaluation (`StatsLogger.log_samples`); 0: none
 
 
 @dataclass
@@ -455,6 +462,19 @@ class ToolUseConfig:
 
 
 @dataclass
+class AgentProgramConfig:
+    """Agents that are programs (`arealite.agent.AgentProgramWorkflow`), read by examples/openai_agent_grpo.py."""
+
+    command: list[str] = field(default_factory=list)  # the program and its arguments, run once per sample with
+    # OPENAI_BASE_URL set to its session of the endpoint (docs/agents.md)
+    timeout: float = 60.0  # seconds a program may run; past it it is killed and its group rejected
+    host: str = "127.0.0.1"  # where the endpoint listens; loopback unless the programs run elsewhere
+
+    def __post_init__(self) -> None:
+        _check_positive("agent", "timeout", self.timeout)
+
+
+@dataclass
 class GRPOConfig:
     """A GRPO/PPO experiment: everything one training script reads."""
 
@@ -487,6 +507,8 @@ class GRPOConfig:
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)  # held-out evaluation during training
     sft: SFTConfig = field(default_factory=SFTConfig)  # the supervised warm start before RL
     tool_use: ToolUseConfig | None = None  # tool calling (examples/tools_grpo.py)
+    agent: AgentProgramConfig | None = None  # agent programs behind an OpenAI-compatible endpoint
+    # (examples/openai_agent_grpo.py)
 
     def __post_init__(self) -> None:
         _check_choice("", "weight_update", self.weight_update, ("disk", "distributed", "lora"))

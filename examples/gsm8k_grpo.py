@@ -53,6 +53,8 @@ from arealite import (
     reward_fn_for,
     save_config,
 )  # fmt: skip
+from arealite.replay import RolloutDump
+from arealite.stats.samples import shown_samples
 
 
 def main(argv: list[str]) -> None:
@@ -108,6 +110,7 @@ def main(argv: list[str]) -> None:
             LockstepRollout(rollout, prompt_batches, workflow, k) if config.rollout.schedule == "lockstep" else None
         )
         tracker, timer = StatsTracker(), StepTimer()
+        dump = RolloutDump.from_config(config, tokenizer, rank, world_size)  # rollout.dump_dir: for arealite.replay
         for step in range(start, config.total_train_steps):
             stats = {}
             if evaluator and evaluator.should_run(version, config.total_train_steps):
@@ -133,7 +136,14 @@ def main(argv: list[str]) -> None:
                     # No separate logp pass: a one-step update takes the pre-update logprobs
                     # (prox_logp) from its own forward; the actor recomputes them only when needed.
                     actor.compute_advantages(batch)
-                    stats.update(actor.ppo_update(batch)[-1])
+                    update = actor.ppo_update(batch)
+                    stats.update(update[-1])
+                    if dump is not None:  # the batch as trained, with the weights of `version` before the update
+                        dump.write(step, version, batch, update)
+                    if "eval/pass@1" in stats:  # a few of the trained completions beside each evaluation
+                        stats_logger.log_samples(
+                            step, shown_samples(batch, tokenizer, config.stats_logger.samples_shown)
+                        )
                     if critic is not None:
                         stats.update({f"critic/{k}": v for k, v in critic.ppo_update(batch)[-1].items()})
                     stats["prompt_ids"] = feed.consume(batch if asynchronous or sampler else None)  # trained prompts

@@ -1,5 +1,6 @@
 """Per-step statistics: a jsonl file per run, a console line, a progress bar, and optional
-tensorboard and wandb; PNG plots at the end (`arealite.stats.plots`).
+tensorboard and wandb; PNG plots at the end (`arealite.stats.plots`); a few sampled completions
+per evaluation (`log_samples`).
 
 Only the main process (rank 0) writes. Values are plain floats: reduce across ranks before
 calling `commit` (`StatsTracker.export()` and the actor's stats already are). tensorboard and
@@ -17,6 +18,8 @@ import time
 from typing import Any
 
 from arealite.stats.jsonl import plain, stats_path, truncate_after
+
+SAMPLES_FILE = "samples.jsonl"  # the completions shown by log_samples, one JSON object each
 
 
 class StatsLogger:
@@ -101,6 +104,29 @@ class StatsLogger:
             self._bar.refresh()
         print(f"[stats] {shown}", flush=True)
 
+    def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        """Show a few completions (`arealite.stats.samples.shown_samples`) of `step`: printed,
+        appended to `<run_dir>/samples.jsonl`, and as a tensorboard text and a wandb table."""
+        if self.rank != 0 or not samples:
+            return
+        rows = [{"step": step, **{k: plain(v) for k, v in s.items()}} for s in samples]
+        with open(os.path.join(self.run_dir, SAMPLES_FILE), "a") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        for r in rows:
+            numbers = " ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float))
+            print(f"[sample] step={step} {numbers}\n  prompt: {_clip(r['prompt'])!r}\n  completion: "
+                  f"{_clip(r['completion'])!r}", flush=True)  # fmt: skip
+        columns = list(rows[0])
+        if self._tb is not None:
+            lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            lines += ["| " + " | ".join(_cell(r.get(c)) for c in columns) + " |" for r in rows]
+            self._tb.add_text("samples", "\n".join(lines), step)
+        if self._wandb is not None:
+            import wandb
+
+            self._wandb.log({"samples": wandb.Table(columns=columns, data=[[r.get(c) for c in columns] for r in rows])},
+                            step=step)  # fmt: skip
+
     # ---- recovery -------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -149,6 +175,15 @@ class StatsLogger:
                 hint = f"pip install matplotlib, then python -m arealite.stats.plots {self.run_dir}"
                 print(f"[stats] no plots: {e}; {hint}")
         return None
+
+
+def _clip(text: str, limit: int = 400) -> str:
+    return text if len(text) <= limit else text[: limit // 2] + " ... " + text[-limit // 2 :]
+
+
+def _cell(value: Any) -> str:
+    """A markdown table cell: pipes escaped, newlines as <br>."""
+    return str(value).replace("|", "\\|").replace("\n", "<br>")
 
 
 def _tensorboard_writer(log_dir: str):

@@ -1,0 +1,199 @@
+"""`AgentEndpoint`: an OpenAI-compatible HTTP endpoint over the rollout client, one session per episode.
+
+    endpoint = AgentEndpoint(engine, tokenizer, gconfig)      # on the rollout event loop
+    await endpoint.start()                                    # 127.0.0.1 and a free port by default
+    session = endpoint.open_session()
+    session.base_url                  # http://127.0.0.1:<port>/s/<id>/v1: what the program's
+                                      # OpenAI(base_url=...) gets; or /v1 with header X-Session-Id
+    ...                               # the program POSTs <base_url>/chat/completions
+    endpoint.close_session(session.id)                        # later requests: 404
+    trajectory = session.client.trajectory(reward)
+
+Each session is an `arealite.chat.ChatClient`: a request's body is passed to
+`client.chat.completions.create` (tools, `n`, `seed`, `logprobs`, `temperature`, `max_tokens`,
+`stop`, ...), so every choice is recorded with its token ids, logprobs and weight versions,
+and a request that continues an earlier completion continues its tokens (never re-tokenised).
+The session's trajectory is the conversation ending at its latest completion, model tokens in
+the loss and everything else masked.
+
+A program may also POST `{"reward": <float>}` to `<base_url>/reward` (see `AgentProgramWorkflow`).
+Bad requests get OpenAI's error body (`{"error": {"message", "type", "param", "code"}}`) with
+status 400; an unknown or closed session 404; streaming is refused with a 400. The endpoint
+listens on loopback unless given another host.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from arealite.chat import ChatClient
+from arealite.config import GenerationHyperparameters
+from arealite.interfaces import InferenceEngine
+
+SESSION_HEADER = "X-Session-Id"
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class _ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.param = status, kind, param
+
+
+@dataclass
+class AgentSession:
+    """One episode's conversations: the chat client that records them and what the program reported."""
+
+    id: str
+    client: ChatClient
+    base_url: str
+    reward: float | None = None  # POSTed to <base_url>/reward
+    requests: int = 0
+    errors: list[str] = field(default_factory=list)  # the 4xx messages sent back (shown when an episode fails)
+
+
+class AgentEndpoint:
+    """Serves `/s/{id}/v1/chat/completions` (and `/v1/chat/completions` + `X-Session-Id`) on the running loop."""
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        gconfig: GenerationHyperparameters,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.engine, self.tokenizer, self.gconfig = engine, tokenizer, gconfig
+        self.host, self.port = host, port
+        self.sessions: dict[str, AgentSession] = {}
+        self.stats: dict[str, int] = {"requests": 0, "bad_requests": 0, "unknown_session": 0}
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Listen (idempotent). `port=0` takes a free port; `self.port` is then the one taken."""
+        if self._runner is not None:
+            return
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/s/{session}/v1/chat/completions", self._chat)
+        app.router.add_post("/s/{session}/v1/reward", self._reward)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/reward", self._reward)
+        app.router.add_get("/s/{session}/v1/models", self._models)
+        app.router.add_get("/v1/models", self._models)
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        self._runner = runner
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def open_session(
+        self, group_id: str | None = None, gconfig: GenerationHyperparameters | None = None
+    ) -> AgentSession:
+        """A new session; requests to its `base_url` are recorded by its own chat client."""
+        if self._runner is None:
+            raise RuntimeError("the endpoint is not listening; await endpoint.start() first")
+        sid = uuid.uuid4().hex
+        client = ChatClient(self.engine, self.tokenizer, gconfig or self.gconfig, group_id)
+        session = AgentSession(sid, client, f"{self.address}/s/{sid}/v1")
+        self.sessions[sid] = session
+        return session
+
+    def close_session(self, session_id: str) -> AgentSession:
+        """End a session: it answers 404 from now on. Returns it."""
+        return self.sessions.pop(session_id)
+
+    # ---- handlers ----
+
+    def _session(self, request: web.Request) -> AgentSession:
+        sid = request.match_info.get("session") or request.headers.get(SESSION_HEADER)
+        if not sid:
+            raise _ApiError(
+                404, f"no session: use a session's base URL (/s/<id>/v1) or send the {SESSION_HEADER} header"
+            )
+        session = self.sessions.get(sid)
+        if session is None:
+            self.stats["unknown_session"] += 1
+            raise _ApiError(404, f"session {sid!r} is unknown or finished", "not_found_error")
+        return session
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise _ApiError(400, f"the request body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise _ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    async def _chat(self, request: web.Request) -> web.Response:
+        try:
+            session = self._session(request)
+            body = await self._body(request)
+            self.stats["requests"] += 1
+            session.requests += 1
+            if body.get("stream"):
+                raise _ApiError(400, "stream=true is not supported by this endpoint; leave it unset", param="stream")
+            if not isinstance(body.get("messages"), list):
+                raise _ApiError(400, "messages must be a list of chat messages", param="messages")
+            try:
+                completion = await session.client.create(**body)
+            except (ValueError, TypeError, NotImplementedError, KeyError) as e:
+                session.errors.append(str(e))
+                raise _ApiError(400, str(e)) from None
+            return web.json_response(_wire(completion))
+        except _ApiError as e:
+            return _error(e, self.stats)
+
+    async def _reward(self, request: web.Request) -> web.Response:
+        try:
+            session = self._session(request)
+            body = await self._body(request)
+            reward = body.get("reward")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise _ApiError(
+                    400, f'reward must be a finite number, got {reward!r}: {{"reward": 1.0}}', param="reward"
+                )
+            session.reward = float(reward)
+            return web.json_response({"ok": True})
+        except _ApiError as e:
+            return _error(e, self.stats)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "arealite"}]}
+        )
+
+
+def _wire(completion: Any) -> dict[str, Any]:
+    """The completion as JSON: the `openai` type's dump, or the ChatObject's dict without `openai`."""
+    try:
+        return completion.model_dump(mode="json")
+    except TypeError:
+        return completion.model_dump()
+
+
+def _error(e: _ApiError, stats: dict[str, int]) -> web.Response:
+    if e.status == 400:
+        stats["bad_requests"] += 1
+    body = {"error": {"message": str(e), "type": e.kind, "param": e.param, "code": None}}
+    return web.json_response(body, status=e.status)
