@@ -37,10 +37,13 @@ FIGURES = {
     "lora_memory.py": "lora_memory_ratio",
     "rollout_overhead.py": "overhead_pct",
     "server_throughput.py": "speedup_vs_batched_generate",
+    "soak.py": "rss_mb_per_1k_requests",
     "train_packing.py": "packed_speedup_vs_bucketed",
     "vs_trl.py": "arealite_vs_trl_equal_cores",
 }
-TAKES_MODEL_PATH = {"async_speedup.py", "rollout_overhead.py", "server_throughput.py", "train_packing.py", "vs_trl.py"}
+TAKES_MODEL_PATH = {
+    "async_speedup.py", "rollout_overhead.py", "server_throughput.py", "soak.py", "train_packing.py", "vs_trl.py",
+}  # fmt: skip
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in HELPERS)
 
 
