@@ -36,7 +36,7 @@ FIGURES = {
     "async_speedup.py": "async2_vs_best_sync",
     "lora_memory.py": "lora_memory_ratio",
     "rollout_overhead.py": "overhead_pct",
-    "server_throughput.py": "speedup_vs_batched_generate",
+    "server_throughput.py": "speedup_vs_sorted_batched_generate",
     "soak.py": "rss_mb_per_1k_requests",
     "train_packing.py": "packed_speedup_vs_bucketed",
     "vs_trl.py": "arealite_vs_trl_equal_cores",
