@@ -19,8 +19,8 @@ within each of `--repeats` paired repeats (every side reloads nothing between re
   number of steps and the same padding, in batches of left-padded prompts with
   `max_new_tokens` = the largest budget of the batch (generate takes one budget per call),
   each row's output cut to its own budget afterwards. Its batch size is searched: every
-  size of `--sorted-batch-sizes` is timed 3 times on every 4th request before the repeats,
-  and the fastest is used. A worker process on `--engine-cpus`.
+  size of `--sorted-batch-sizes` is timed 3 times on the whole workload before the
+  repeats, and the fastest is used. A worker process on `--engine-cpus`.
 - batched: the same in arrival order, in batches of `--concurrency` (a weaker baseline:
   each batch runs to its largest budget), printed beside.
 - sequential: `model.generate` one request at a time (each with its own budget), on the
@@ -243,8 +243,9 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
 
 
 def calibrate(hf: harness.SideProcess, work: list, sizes: list[int]) -> int:
-    """The fastest batch size of the sorted generate baseline: 3 timed runs each on every 4th request."""
-    sample = work[::4] if len(work) >= 8 else work
+    """The fastest batch size of the sorted generate baseline: 3 timed runs each on the whole
+    workload (a sample would favour small batches: its batches are fewer and emptier)."""
+    sample = work
     medians = {}
     for size in sizes:
         rates = []
