@@ -157,10 +157,10 @@ def main() -> None:
     p.add_argument("--update-every", type=float, default=2.0, help="seconds between weight updates")
     p.add_argument("--sample-every", type=float, default=5.0, help="seconds between RSS samples")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--smoke", action="store_true", help="12 seconds (checks the script runs; the slope means nothing)")
+    p.add_argument("--smoke", action="store_true", help="6 seconds (checks the script runs; the slope means nothing)")
     a = p.parse_args()
     if a.smoke:
-        a.minutes, a.warmup_minutes, a.sample_every = 0.2, 0.0, 1.0
+        a.minutes, a.warmup_minutes, a.sample_every = 0.1, 0.0, 1.0
     with tempfile.TemporaryDirectory(prefix="soak_") as tmp:
         path = a.model_path
         if path is None:
