@@ -2,7 +2,9 @@
 same cores and the same trained samples, timed from the first step, one run.
 
     PYTHONPATH=. python benchmarks/async_speedup.py [--steps 48] [--repeats 5] [--offpolicyness 2] \
-        [--sync-batches 1 2 3] [--batch-size 4] [--group-size 4] [--max-new-tokens 192] [--no-split] [--smoke]
+        [--sync-batches 1 2 3] [--sync-layouts split-1+1 shared-1+2 shared-2+2] [--finalists 2] \
+        [--batch-size 4] [--group-size 4] [--max-new-tokens 192] [--no-split] \
+        [--records-fn MOD:FN --reward-fn MOD:FN] [--smoke]
 
 Meant as a generation-bound setting: the tiny random Qwen2 (arealite.tools.tiny_model) writes
 long completions (`--max-new-tokens`; EOS still ends a sample), so that the best sync
@@ -19,15 +21,20 @@ prompts x `--group-size` samples, in order, from the same initial weights.
 - sync xM (one per `--sync-batches` M): k = 0 (rollout_batch -> train -> weight sync),
   M x `--batch-size` prompts per step, `--steps` / M steps. M = k + 1 puts as many requests
   in flight as the async run has at most, so the server batches as much; M = 1 trains the
-  same batches. The figure is taken against the FASTEST of them (median wall time).
+  same batches. Each M runs in every CPU layout of `--sync-layouts`, since a synchronous
+  run, whose generation and training never overlap, may do better without a core each:
+  `split-1+1` (server 1 torch thread pinned to the first CPU, trainer 1 thread on the
+  others: the async run's layout), `shared-1+2` (both unpinned on all CPUs, the trainer
+  with 2 threads), `shared-2+2` (both unpinned, 2 threads each). Every (M, layout) pair is
+  run once to screen them; the `--finalists` fastest then run in the paired repeats, and
+  the figure is taken against the FASTEST of those (median wall time).
 
-Resources, the same for every configuration (CPU only: CUDA devices are hidden): one
-process tree pinned to `--cpus` (default all of ours), the very same processes for every
-configuration (each run builds a fresh trainer and rollout client in them): the trainer
-process and a built-in server process with 1 torch thread each (with `--split`, the
-default, the server runs on the first of those CPUs and the trainer with its 2 reward
-worker processes on the others, so generation and training overlap instead of sharing a
-core), disk weight sync every step. Every run starts from the initial weights with an
+Resources (CPU only: CUDA devices are hidden): the same `--cpus` (default all of ours) for
+every configuration, one process tree per layout (a trainer process, its built-in server
+and 2 reward workers; each run builds a fresh trainer and rollout client in them); the
+async run uses `split-1+1` (with `--no-split`: `shared-1+1`), disk weight sync every step.
+Workload: the arithmetic task by default; `--records-fn` (n, seed -> chat records) and
+`--reward-fn` run it on another. Every run starts from the initial weights with an
 empty pipeline, and the clock runs from the first step to the end of the last weight sync
 (an asynchronous run pays for filling its pipeline). Configurations alternate in order
 over `--repeats` paired repeats.
@@ -53,6 +60,15 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grpo_step
 import harness
+
+# CPU layouts: (server torch threads, trainer torch threads, server pinned to the first CPU
+# and the trainer to the others)
+LAYOUTS = {
+    "split-1+1": (1, 1, True),
+    "shared-1+2": (1, 2, False),
+    "shared-2+2": (2, 2, False),
+    "shared-1+1": (1, 1, False),
+}
 
 
 def report(name: str, runs: list[dict]) -> None:
@@ -105,7 +121,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cpus", default=None, help="CPUs of every configuration (default: all of ours)")
-    p.add_argument("--no-split", dest="split", action="store_false", help="do not give the server its own CPU")
+    p.add_argument(
+        "--no-split", dest="split", action="store_false", help="the async run: do not give the server its own CPU"
+    )
+    p.add_argument(
+        "--sync-layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS),
+        help="CPU layouts searched for the synchronous baseline",
+    )  # fmt: skip
+    p.add_argument("--finalists", type=int, default=2, help="screened sync configurations kept for the repeats")
+    p.add_argument("--records-fn", default="", help="module:function(n, seed) -> chat records (default: arithmetic)")
+    p.add_argument("--reward-fn", default="", help="module:function, the workload's reward (default: arithmetic)")
     p.add_argument("--model-path", default=None, help="HF model folder (default: a tiny Qwen2 built on the spot)")
     p.add_argument("--smoke", action="store_true", help="a few seconds: 2 prompts x 2, 8 tokens, 2 steps, 1 repeat")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -124,45 +149,80 @@ def main() -> None:
     mults = args.sync_batches or list(range(1, k + 2))
     if args.smoke:
         args.steps, args.repeats, args.batch_size, args.group_size, args.max_new_tokens = 2, 1, 2, 2, 8
-        mults = [1]
+        mults, args.sync_layouts = [1], ["split-1+1"]  # one worker: the layout search costs a worker each
     bad = [m for m in mults if m < 1 or args.steps % m]
     if bad:
         raise SystemExit(
             f"--steps {args.steps} must be divisible by every --sync-batches value; {bad} do not divide it"
         )
     cpus = sorted(harness.cpu_set(args.cpus))
-    if args.split and len(cpus) < 2:
-        raise SystemExit("--split needs 2 CPUs; pass --no-split")
+    async_layout = "split-1+1" if args.split else "shared-1+1"
+    layouts = sorted(set(args.sync_layouts) | {async_layout}, key=list(LAYOUTS).index)
+    if len(cpus) < 2 and any(LAYOUTS[name][2] for name in layouts):
+        raise SystemExit("a split layout needs 2 CPUs; pass --no-split and --sync-layouts shared-1+1")
     print(harness.machine_line())
     print(harness.commit_line())
     print(
         f"async_speedup: {args.steps * args.batch_size} prompts x {args.group_size} samples per run, max_new_tokens="
-        f"{args.max_new_tokens}, {args.repeats} paired repeats; every configuration on CPUs {cpus}, 1 torch thread "
-        f"in the server + 1 in the trainer"
-        + (f", server on CPU {cpus[0]}, trainer on {cpus[1:]}" if args.split else "")
+        f"{args.max_new_tokens}, {args.repeats} paired repeats; every configuration on CPUs {cpus}; async k={k} in "
+        f"layout {async_layout}; sync searched over x{mults} and layouts {args.sync_layouts} (server+trainer threads)"
     )
-    configs = {f"sync x{m}": dict(k=0, batch_size=m * args.batch_size, steps=args.steps // m) for m in mults}
-    configs[f"async k={k}"] = dict(k=k, batch_size=args.batch_size, steps=args.steps)
-    runs = run_configs(args, cpus, configs)
+    configs = {
+        f"sync x{m} {layout}": dict(k=0, batch_size=m * args.batch_size, steps=args.steps // m, layout=layout)
+        for m in mults
+        for layout in args.sync_layouts
+    }
+    configs[f"async k={k}"] = dict(k=k, batch_size=args.batch_size, steps=args.steps, layout=async_layout)
+    runs = run_configs(args, cpus, configs, layouts)
     summarize(args, runs, configs)
 
 
-def run_configs(args: argparse.Namespace, cpus: list[int], configs: dict[str, dict]) -> dict[str, list[dict]]:
-    """Every configuration `args.repeats` times, alternating, on ONE server and trainer process pair."""
-    split = dict(server_cpus=cpus[:1], trainer_cpus=cpus[1:]) if args.split else {}
+def run_configs(
+    args: argparse.Namespace, cpus: list[int], configs: dict[str, dict], layouts: list[str]
+) -> dict[str, list[dict]]:
+    """Screen every sync configuration once, then the finalists and async `args.repeats` times,
+    alternating; one worker (server + trainer process tree) per layout."""
     with tempfile.TemporaryDirectory(prefix="async_speedup_") as tmp:
         from arealite.tools.tiny_model import build_tiny_model
 
         model = args.model_path or build_tiny_model(os.path.join(tmp, "model"), seed=0)
-        settings = dict(
-            model=model, workdir=tmp, group_size=args.group_size, max_new_tokens=args.max_new_tokens, seed=args.seed,
-            lr=args.lr, server_threads=1, trainer_threads=1, pause_mode="in_place",
-            max_in_flight=max((c["k"] + 1) * c["batch_size"] for c in configs.values()), **split,
-        )  # fmt: skip
-        argv = [os.path.abspath(__file__), "--worker", json.dumps(settings)]
-        env = {"OMP_NUM_THREADS": "1", **harness.CPU_ONLY}
-        with harness.SideProcess("arealite", argv, set(cpus), os.path.join(tmp, "worker.log"), env) as worker:
-            return harness.run_paired({name: (worker, c) for name, c in configs.items()}, args.repeats)
+        workers = {}
+        try:
+            for name in layouts:  # one after another: set-ups side by side crowd a 2-core machine
+                workers[name] = start_worker(args, cpus, configs, model, tmp, name)
+                workers[name].ready  # noqa: B018
+            sync = {n: c for n, c in configs.items() if n.startswith("sync")}
+            screen = {}
+            for name, c in sync.items():
+                screen[name] = workers[c["layout"]].run(**c)["wall"]
+                print(f"screening: {name:<22} {screen[name]:7.2f} s ({harness.load_line()})", flush=True)
+            finalists = sorted(screen, key=screen.get)[: max(1, args.finalists)]
+            print(f"finalists for the paired repeats: {finalists}")
+            plan = {
+                n: (workers[configs[n]["layout"]], configs[n]) for n in [*finalists, f"async k={args.offpolicyness}"]
+            }
+            return harness.run_paired(plan, args.repeats)
+        finally:
+            for w in workers.values():
+                w.close()
+
+
+def start_worker(
+    args: argparse.Namespace, cpus: list[int], configs: dict, model: str, tmp: str, layout: str
+) -> harness.SideProcess:
+    server_threads, trainer_threads, split = LAYOUTS[layout]
+    workdir = os.path.join(tmp, layout)
+    os.makedirs(workdir)
+    settings = dict(
+        model=model, workdir=workdir, group_size=args.group_size, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        lr=args.lr, server_threads=server_threads, trainer_threads=trainer_threads, pause_mode="in_place",
+        max_in_flight=max((c["k"] + 1) * c["batch_size"] for c in configs.values()),
+        records_fn=args.records_fn, reward_fn=args.reward_fn,
+        **(dict(server_cpus=cpus[:1], trainer_cpus=cpus[1:]) if split else {}),
+    )  # fmt: skip
+    argv = [os.path.abspath(__file__), "--worker", json.dumps(settings)]
+    env = {"OMP_NUM_THREADS": str(trainer_threads), **harness.CPU_ONLY}
+    return harness.SideProcess(layout, argv, set(cpus), workdir + ".log", env)
 
 
 def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], configs: dict[str, dict]) -> None:

@@ -75,7 +75,9 @@ def setup(s: dict) -> dict:
 
     `s`: model, workdir, group_size, max_new_tokens, seed, lr, server_threads,
     trainer_threads, max_in_flight (prompts any run may have in flight), and optionally
-    server_cpus / trainer_cpus, max_tokens_per_mb, actor (extra PPOActorConfig fields).
+    server_cpus / trainer_cpus, max_tokens_per_mb, actor (extra PPOActorConfig fields),
+    records_fn / reward_fn ("module:function"; default the arithmetic task: records_fn(n, seed)
+    returns n chat records, reward_fn is a reward function of the workflow's signature).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -107,7 +109,6 @@ def setup(s: dict) -> dict:
         from transformers import AutoTokenizer
 
         from arealite.config import GenerationHyperparameters
-        from arealite.data.arithmetic import arithmetic_reward_fn
         from arealite.reward.pool import RewardPool
         from arealite.workflow import RLVRWorkflow
         from arealite.world import init_distributed
@@ -115,15 +116,29 @@ def setup(s: dict) -> dict:
         torch.set_num_threads(s["trainer_threads"])
         init_distributed()
         pool = RewardPool(max_workers=2)
-        pool.score(arithmetic_reward_fn, "", "0", answer="0")  # start the reward workers before any clock
+        reward_fn = workload_reward(s)
+        pool.score(reward_fn, "", "0", answer="0")  # start the reward workers before any clock
         gconfig = GenerationHyperparameters(
             group_size=s["group_size"], max_new_tokens=s["max_new_tokens"], temperature=1.0
         )
-        workflow = RLVRWorkflow(
-            arithmetic_reward_fn, gconfig, AutoTokenizer.from_pretrained(s["model"]), reward_pool=pool
-        )
+        workflow = RLVRWorkflow(reward_fn, gconfig, AutoTokenizer.from_pretrained(s["model"]), reward_pool=pool)
         server = server.result()
     return {"s": s, "server": server, "pool": pool, "workflow": workflow}
+
+
+def workload_reward(s: dict):
+    """The reward function of the workload (`s["reward_fn"]`, default the arithmetic task's)."""
+    from arealite.utils.imports import import_object
+
+    return import_object(s.get("reward_fn") or "arealite.data.arithmetic:arithmetic_reward_fn")
+
+
+def workload_records(s: dict, n: int) -> list[dict]:
+    """`n` training records of the workload (`s["records_fn"](n, seed)`, default the arithmetic task's)."""
+    from arealite.utils.imports import import_object
+
+    make = import_object(s.get("records_fn") or "arealite.data.arithmetic:make_arithmetic_dataset")
+    return make(n, seed=s["seed"])
 
 
 def _server_info(server: Any) -> dict:
@@ -155,7 +170,6 @@ def run(state: dict, req: dict) -> dict:
     """`req["steps"]` timed GRPO steps of `req["batch_size"]` prompts at staleness bound
     `req["k"]`, from the initial weights; returns per-step figures."""
     from arealite.config import InferenceEngineConfig, MicroBatchSpec, OptimizerConfig, PPOActorConfig
-    from arealite.data.arithmetic import make_arithmetic_dataset
     from arealite.data.loader import create_dataloader
     from arealite.rollout import RemoteSGLangEngine
     from arealite.rollout.lockstep import LockstepRollout
@@ -166,7 +180,7 @@ def run(state: dict, req: dict) -> dict:
     steps, k, batch_size = req["steps"], req["k"], req["batch_size"]
     if (k + 1) * batch_size > s["max_in_flight"]:
         raise ValueError(f"k={k} x batch {batch_size} exceeds the server's max_in_flight={s['max_in_flight']} prompts")
-    records = make_arithmetic_dataset(batch_size * (steps + k + 2), seed=s["seed"])
+    records = workload_records(s, batch_size * (steps + k + 2))
     loader = create_dataloader(records, batch_size, shuffle=False, seed=s["seed"])
     config = InferenceEngineConfig(
         max_head_offpolicyness=k, max_concurrent_rollouts=(k + 1) * batch_size, pause_mode=s["pause_mode"]

@@ -1,7 +1,8 @@
-"""Output tokens/s of the built-in server vs HF `model.generate`, batched and one at a time.
+"""Output tokens/s of the built-in server vs HF `model.generate`: batched by budget, in arrival order, alone.
 
     PYTHONPATH=. python benchmarks/server_throughput.py [--model-path DIR] [--concurrency 32] \
-        [--requests 256] [--repeats 5] [--threads 1] [--engine-cpus 0] [--client-cpus 1] [--smoke]
+        [--requests 256] [--repeats 5] [--threads 1] [--engine-cpus 0] [--client-cpus 1] \
+        [--sorted-batch-sizes 16 32 64] [--smoke]
 
 The workload is `--requests` requests of mixed lengths (prompts of 16-128 random tokens,
 each with its own budget of 16-256 new tokens; EOS also ends a request), the same on every
@@ -13,18 +14,23 @@ within each of `--repeats` paired repeats (every side reloads nothing between re
 - server: `python -m arealite.server` (continuous batching) driven by `--concurrency`
   closed-loop HTTP clients, one warm aiohttp session, running in this process on
   `--client-cpus` (the client is the user's program, as a trainer would be).
-- batched: what a user of transformers would do with the same requests: `model.generate`
-  on batches of `--concurrency` left-padded prompts with `max_new_tokens` = the largest
-  budget of the batch (generate takes one budget per call), each row's output cut to its
-  own budget afterwards. A worker process on `--engine-cpus`.
+- sorted (the baseline): the strongest use of `model.generate` a reviewer would name: the
+  requests sorted by budget (then prompt length), so each batch's rows need about the same
+  number of steps and the same padding, in batches of left-padded prompts with
+  `max_new_tokens` = the largest budget of the batch (generate takes one budget per call),
+  each row's output cut to its own budget afterwards. Its batch size is searched: every
+  size of `--sorted-batch-sizes` is timed 3 times on the whole workload before the
+  repeats, and the fastest is used. A worker process on `--engine-cpus`.
+- batched: the same in arrival order, in batches of `--concurrency` (a weaker baseline:
+  each batch runs to its largest budget), printed beside.
 - sequential: `model.generate` one request at a time (each with its own budget), on the
   first 8 requests, in the same worker.
 
 Throughput counts useful tokens only (each request's output up to its budget or EOS).
 Prints every repeat, the spread (min/IQR/median/max) of the paired ratios, then
-`speedup_at_32=<median server / sequential>` and last
-`speedup_vs_batched_generate=<median server / batched>` (the concurrency in the names is
-`--concurrency`; 32 by default).
+`speedup_at_32=<median server / sequential>` (the concurrency in the name is
+`--concurrency`; 32 by default), `speedup_vs_batched_generate=<median server / batched>`
+and last `speedup_vs_sorted_batched_generate=<median server / sorted>`.
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ def hf_run(state, req: dict) -> dict:
 
     model, eos = state
     work, batch = req["work"], req["batch"]
+    if req.get("sort"):  # by budget, then prompt length: a batch's rows finish together, pad alike
+        work = sorted(work, key=lambda w: (w[1], len(w[0])))
     torch.manual_seed(req["seed"])
     tokens, start = 0, time.perf_counter()
     with torch.inference_mode():
@@ -138,6 +146,10 @@ def main() -> None:
     )
     p.add_argument("--client-cpus", default=None, help="CPUs of the HTTP clients (default: our other CPUs)")
     p.add_argument(
+        "--sorted-batch-sizes", type=int, nargs="+", default=[16, 32, 64],
+        help="batch sizes searched for the sorted generate baseline (3 timed runs each, the fastest kept)",
+    )  # fmt: skip
+    p.add_argument(
         "--smoke", action="store_true", help="a few seconds: 4 short requests, 1 repeat (checks the script runs)"
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -147,7 +159,7 @@ def main() -> None:
         harness.serve_runs(lambda: hf_setup(args), hf_run)
         return
     if args.smoke:
-        args.concurrency, args.requests, args.repeats = 4, 4, 1
+        args.concurrency, args.requests, args.repeats, args.sorted_batch_sizes = 4, 4, 1, [2, 4]
     ours = sorted(os.sched_getaffinity(0))
     engine_cpus = harness.cpu_set(args.engine_cpus) if args.engine_cpus else {ours[0]}
     client_cpus = harness.cpu_set(args.client_cpus) if args.client_cpus else (set(ours) - engine_cpus or engine_cpus)
@@ -211,8 +223,10 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
         # warm up both sides (allocators, the session's connections) before any clock
         loop.run_until_complete(serve_all(session, server.url, work[: args.concurrency], args.concurrency))
         hf.run(work=work[: args.concurrency], batch=args.concurrency, seed=0)
+        best = calibrate(hf, work, args.sorted_batch_sizes)
         sides = {
             "server": lambda i: loop.run_until_complete(serve_all(session, server.url, work, args.concurrency)),
+            "sorted": lambda i: tuple(hf.run(work=work, batch=best, seed=i, sort=True).values()),
             "batched": lambda i: tuple(hf.run(work=work, batch=args.concurrency, seed=i).values()),
             "sequential": lambda i: tuple(hf.run(work=seq_work, batch=1, seed=i).values()),
         }
@@ -228,17 +242,39 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
     report(args, rates)
 
 
+def calibrate(hf: harness.SideProcess, work: list, sizes: list[int]) -> int:
+    """The fastest batch size of the sorted generate baseline: 3 timed runs each on the whole
+    workload (a sample would favour small batches: its batches are fewer and emptier)."""
+    sample = work
+    medians = {}
+    for size in sizes:
+        rates = []
+        for seed in range(3):
+            seconds, tokens = hf.run(work=sample, batch=size, seed=seed, sort=True).values()
+            rates.append(tokens / seconds)
+        medians[size] = sorted(rates)[1]
+        print(
+            f"calibration, sorted generate, batch {size}: {harness.spread(rates, '.0f')} tok/s ({len(sample)} requests)"
+        )
+    best = max(medians, key=medians.get)
+    print(f"sorted generate runs with batch {best}, the fastest")
+    return best
+
+
 def report(args: argparse.Namespace, rates: dict[str, list[float]]) -> None:
+    vs_sorted = [s / b for s, b in zip(rates["server"], rates["sorted"])]
     vs_batched = [s / b for s, b in zip(rates["server"], rates["batched"])]
     vs_seq = [s / q for s, q in zip(rates["server"], rates["sequential"])]
     for name, r in rates.items():
         print(f"{name:<10} tok/s: {harness.spread(r, '.0f')}")
     print(f"server / sequential generate: {harness.spread(vs_seq)}")
-    print(f"server / batched generate:    {harness.spread(vs_batched)}")
+    print(f"server / batched generate:    {harness.spread(vs_batched)}  (arrival order, batch {args.concurrency})")
+    print(f"server / sorted generate:     {harness.spread(vs_sorted)}  (the baseline)")
     print(harness.load_line())
     c = args.concurrency
     print(f"speedup_at_{c}={harness.quartiles(vs_seq)[2]:.2f}")
     print(f"speedup_vs_batched_generate={harness.quartiles(vs_batched)[2]:.2f}")
+    print(f"speedup_vs_sorted_batched_generate={harness.quartiles(vs_sorted)[2]:.2f}")
 
 
 if __name__ == "__main__":

@@ -1,32 +1,44 @@
-"""Training tokens/s with packed sequences vs a padded batch, on a length-skewed batch.
+"""Training step time with packed sequences vs the strongest padded practice, same token budget.
 
     PYTHONPATH=. python benchmarks/train_packing.py                  # tiny Qwen2 built on the spot
-    PYTHONPATH=. python benchmarks/train_packing.py --model-path DIR --seqs 32 --long-len 1024 [--repeats 7]
+    PYTHONPATH=. python benchmarks/train_packing.py --lengths 512,512,64,40 [--repeats 7]
+    PYTHONPATH=. python benchmarks/train_packing.py --lengths my_module:lengths   # any length source
 
 Two FSDPEngines in this process, loaded from the same weights with the same optimizer
-(AdamW, lr 1e-5, clipping 1.0) and the same loss (mean token NLL on the response tokens),
-on the same device with the same dtype policy (fp32 on CPU; bf16 compute, fp32 master
-weights on CUDA) and the same torch threads; they differ only in how the batch reaches
-the model:
-- packed: `engine.train_batch`, the library's path: one row of real tokens per
-  micro-batch (`--max-tokens-per-mb`), attention confined per sequence (flash-attn when
-  installed on CUDA, else arealite's varlen sdpa);
-- padded: the classic `[B, T]` forward with an attention mask (transformers' sdpa),
-  padded to the longest sequence, then the same backward, clipping and optimizer step.
+(AdamW, lr 1e-5, clipping 1.0) and the same loss (mean token NLL over every response token
+of the batch), on the same device with the same dtype policy (fp32 on CPU; bf16 compute,
+fp32 master weights on CUDA) and the same torch threads; they differ only in how the batch
+reaches the model:
+- packed: `engine.train_batch`, the library's path: micro-batches of whole sequences of at
+  most `--max-tokens-per-mb` real tokens, each one packed row; attention confined per
+  sequence (flash-attn on CUDA when installed, else arealite's varlen sdpa);
+- bucketed (the baseline): what `group_by_length` does, the strongest padded practice: rows
+  sorted by length, cut into micro-batches whose padded size (rows x longest row) fits the
+  same token budget, each padded only to its own longest row; right padding with causal sdpa
+  and no mask (a real token never sees a pad, so no mask is needed and none is paid for);
+  one backward per micro-batch, each weighted by its share of the batch's loss tokens.
+
+Lengths: `--lengths` takes `skewed` (default: `--seqs` rows, `--n-long` of `--long-len`
+tokens, the rest `--short-len`/2 to `--short-len`: RL rollouts with a few long answers),
+a comma list of integers, or `module:function` (a function of the seed returning a list of
+lengths), so the same comparison runs on another workload's lengths.
 
 Each repeat times one step of each side, alternating which goes first (after one untimed
-warm-up step each). Throughput counts real (non-pad) tokens only. Prints every repeat,
-the spread (min/IQR/median/max) of each side's step time and of the paired ratios, and
-ends with `packed_speedup=<median over repeats of padded time / packed time>`.
+warm-up step each, whose losses are printed: equal, so both sides compute the same thing).
+Prints every repeat, the spread (min/IQR/median/max) of each side's step time and of the
+paired ratios, the padding share of each side, and ends with
+`packed_speedup_vs_bucketed=<median over repeats of bucketed time / packed time>`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -35,23 +47,56 @@ import harness
 
 from arealite.algo.losses import token_mean
 from arealite.config import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
+from arealite.data.packing import select
 from arealite.train.engine import FSDPEngine, load_causal_lm
 from arealite.train.logprobs import packed_token_logprobs
 
+PROMPT = 8  # tokens at the start of every row outside the loss
 
-def skewed_batch(seqs: int, short_len: int, long_len: int, n_long: int, vocab: int, seed: int = 0) -> dict:
+
+def skewed_lengths(seqs: int, short_len: int, long_len: int, n_long: int, seed: int = 0) -> list[int]:
     """Most rows short, `n_long` rows long: the shape of RL rollouts with a few long answers."""
     g = torch.Generator().manual_seed(seed)
-    lens = [
-        long_len if i < n_long else int(torch.randint(short_len // 2, short_len + 1, (1,), generator=g))
-        for i in range(seqs)
-    ]
-    T = max(lens)
-    am = (torch.arange(T)[None] < torch.tensor(lens)[:, None]).long()
-    ids = torch.randint(1, vocab, (seqs, T), generator=g) * am
+    short = torch.randint(short_len // 2, short_len + 1, (seqs,), generator=g).tolist()
+    return [long_len if i < n_long else short[i] for i in range(seqs)]
+
+
+def lengths_from(spec: str, a: argparse.Namespace) -> list[int]:
+    """`--lengths`: `skewed`, `L1,L2,...`, or `module:function` (called with the seed)."""
+    if spec == "skewed":
+        return skewed_lengths(a.seqs, a.short_len, a.long_len, a.n_long, a.seed)
+    if ":" in spec:
+        module, _, name = spec.partition(":")
+        source: Callable[[int], list[int]] = getattr(importlib.import_module(module), name)
+        lengths = [int(n) for n in source(a.seed)]
+    else:
+        lengths = [int(n) for n in spec.split(",") if n.strip()]
+    bad = [n for n in lengths if n <= PROMPT]
+    if not lengths or bad:
+        raise SystemExit(f"--lengths {spec!r}: need at least one length, each > {PROMPT} (got {bad or 'none'})")
+    return lengths
+
+
+def batch_of(lengths: list[int], vocab: int, seed: int = 0) -> dict:
+    """A right-padded batch with rows of `lengths`: random tokens, the first PROMPT ones out of the loss."""
+    g = torch.Generator().manual_seed(seed)
+    T = max(lengths)
+    am = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
+    ids = torch.randint(1, vocab, (len(lengths), T), generator=g) * am
     lm = am.clone()
-    lm[:, :8] = 0  # the prompt
+    lm[:, :PROMPT] = 0
     return {"input_ids": ids, "attention_mask": am, "loss_mask": lm}
+
+
+def bucketed_micro_batches(lengths: list[int], budget: int) -> list[list[int]]:
+    """Rows sorted by length (longest first), cut where rows x longest row would pass `budget`."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def _nll(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
@@ -59,35 +104,41 @@ def _nll(logits: torch.Tensor, mb: dict) -> tuple[torch.Tensor, dict]:
     return token_mean(-lp, mb["loss_mask"].to(lp.device).bool(), mb["cu_seqlens"]), {}
 
 
-def packed_step(engine: FSDPEngine, batch: dict) -> float:
-    """One optimizer step through the library's packed path; returns the loss."""
-    return float(engine.train_batch(batch, _nll, lambda mb: float(mb["loss_mask"].sum()))["loss"])
+def packed_step(engine: FSDPEngine, batch: dict, groups: list[list[int]]) -> tuple[float, float]:
+    """One optimizer step through the library's packed path; returns (loss, its padding share)."""
+    stats = engine.train_batch(batch, _nll, lambda mb: float(mb["loss_mask"].sum()))
+    return float(stats["loss"]), float(stats["padding_share"])
 
 
-def padded_step(engine: FSDPEngine, batch: dict) -> float:
-    """One optimizer step on the padded [B, T] batch (the baseline packing replaces); returns the loss."""
+def bucketed_step(engine: FSDPEngine, batch: dict, groups: list[list[int]]) -> tuple[float, float]:
+    """One optimizer step over the length-sorted padded micro-batches `groups`; returns (loss, padding share)."""
     engine.model.train()
     engine.optimizer.zero_grad(set_to_none=True)
-    ids = batch["input_ids"].to(engine.device)
-    logits = engine.model(
-        input_ids=ids, attention_mask=batch["attention_mask"].to(engine.device), use_cache=False
-    ).logits
-    scaled = logits[:, :-1].float()  # [B, T-1, V]; position t predicts token t + 1
-    lp = scaled.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
-    mask = batch["loss_mask"][:, 1:].to(lp.device).float()
-    loss = (-lp * mask).sum() / mask.sum()
-    loss.backward()
+    total = float(batch["loss_mask"][:, 1:].sum())
+    loss_sum, real, slots = 0.0, 0, 0
+    for n, rows in enumerate(groups):
+        engine.model.set_requires_gradient_sync(n == len(groups) - 1)  # as the engine does
+        mb = select(batch, rows)  # padded to this micro-batch's longest row
+        ids = mb["input_ids"].to(engine.device)
+        logits = engine.model(input_ids=ids, use_cache=False).logits  # causal, no mask: pads come last
+        scaled = logits[:, :-1].float()  # [B, T-1, V]; position t predicts token t + 1
+        lp = scaled.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        mask = mb["loss_mask"][:, 1:].to(lp.device).float()
+        loss = (-lp * mask).sum() / total
+        loss.backward()
+        loss_sum += float(loss.detach())
+        real, slots = real + int(mb["attention_mask"].sum()), slots + ids.numel()
     torch.nn.utils.clip_grad_norm_(list(engine.model.parameters()), 1.0)
     engine.optimizer.step()
-    return float(loss.detach())
+    return loss_sum, 1.0 - real / slots
 
 
-def timed(step, engine: FSDPEngine, batch: dict) -> tuple[float, float]:
-    """(seconds, loss) of one step; waits for the device before reading either clock."""
+def timed(step, engine: FSDPEngine, batch: dict, groups: list[list[int]]) -> tuple[float, tuple[float, float]]:
+    """(seconds, (loss, padding share)) of one step; waits for the device before reading either clock."""
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    loss = step(engine, batch)
+    loss = step(engine, batch, groups)
     sync()
     return time.perf_counter() - start, loss
 
@@ -95,11 +146,13 @@ def timed(step, engine: FSDPEngine, batch: dict) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None, help="HF model folder; default: a tiny Qwen2 (4 layers, hidden 128)")
-    p.add_argument("--seqs", type=int, default=16)
-    p.add_argument("--short-len", type=int, default=64)
-    p.add_argument("--long-len", type=int, default=512)
-    p.add_argument("--n-long", type=int, default=2)
-    p.add_argument("--max-tokens-per-mb", type=int, default=2048)
+    p.add_argument("--lengths", default="skewed", help="skewed | L1,L2,... | module:function (of the seed)")
+    p.add_argument("--seqs", type=int, default=16, help="skewed: rows")
+    p.add_argument("--short-len", type=int, default=64, help="skewed: short rows have short-len/2 to short-len tokens")
+    p.add_argument("--long-len", type=int, default=512, help="skewed: tokens of a long row")
+    p.add_argument("--n-long", type=int, default=2, help="skewed: long rows")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-tokens-per-mb", type=int, default=2048, help="the token budget of a micro-batch, both sides")
     p.add_argument(
         "--repeats", type=int, default=7, help="paired repeats (one step per side each, after one warm-up step each)"
     )
@@ -110,9 +163,9 @@ def main() -> None:
     )
     a = p.parse_args()
     if a.smoke:
-        a.seqs, a.short_len, a.long_len, a.repeats = 4, 16, 64, 1
-    threads = a.threads
-    torch.set_num_threads(threads)
+        a.seqs, a.short_len, a.long_len, a.repeats = 4, 24, 64, 1
+    torch.set_num_threads(a.threads)
+    lengths = lengths_from(a.lengths, a)
     with tempfile.TemporaryDirectory(prefix="train_packing_") as tmp:
         path = a.model_path
         if path is None:
@@ -122,51 +175,68 @@ def main() -> None:
                 dict(layers=2, hidden=64, intermediate=128) if a.smoke else dict(layers=4, hidden=128, intermediate=256)
             )
             path = build_tiny_model(os.path.join(tmp, "m"), **small)
-        run(a, path, threads)
+        run(a, path, lengths)
 
 
-def run(a: argparse.Namespace, path: str, threads: int) -> None:
+def run(a: argparse.Namespace, path: str, lengths: list[int]) -> None:
     def engine(build_model) -> FSDPEngine:
         cfg = TrainEngineConfig(path=path, optimizer=OptimizerConfig(lr=1e-5, gradient_clipping=1.0),
                                 mb_spec=MicroBatchSpec(max_tokens_per_mb=a.max_tokens_per_mb))  # fmt: skip
         return FSDPEngine(cfg, build_model=build_model).initialize()
 
-    engines = {"packed": engine(load_causal_lm), "padded": engine(lambda p, _attn: load_causal_lm(p, "sdpa"))}
-    steps = {"packed": packed_step, "padded": padded_step}
-    dev = engines["packed"].device
-    batch = skewed_batch(a.seqs, a.short_len, a.long_len, a.n_long, engines["packed"].hf_config.vocab_size - 10)
-    real = int(batch["attention_mask"].sum())
-    B, T = batch["input_ids"].shape
+    if max(lengths) > a.max_tokens_per_mb:
+        raise SystemExit(f"a row of {max(lengths)} tokens exceeds --max-tokens-per-mb {a.max_tokens_per_mb}")
+    engines = {"packed": engine(load_causal_lm), "bucketed": engine(lambda p, _attn: load_causal_lm(p, "sdpa"))}
+    steps = {"packed": packed_step, "bucketed": bucketed_step}
+    groups = bucketed_micro_batches(lengths, a.max_tokens_per_mb)
+    batch = batch_of(lengths, engines["packed"].hf_config.vocab_size - 10, a.seed)
+    describe(a, engines, lengths, groups)
+    first = {name: timed(steps[name], engines[name], batch, groups) for name in steps}  # warm-up, untimed
+    print(
+        f"warm-up step loss (same weights, same batch): packed {first['packed'][1][0]:.4f}, "
+        f"bucketed {first['bucketed'][1][0]:.4f}"
+    )
+    print(
+        f"padding share of the rows computed: packed {first['packed'][1][1]:.3f} (the trainer's step stat, "
+        f"attention only), bucketed {first['bucketed'][1][1]:.3f} (every layer)"
+    )
+    real = sum(lengths)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    print("repeat  side      s/step   tokens/s")
+    for i in range(a.repeats):
+        for name in harness.order(i, list(steps)):
+            seconds, _ = timed(steps[name], engines[name], batch, groups)
+            times[name].append(seconds)
+            print(f"{i:6d}  {name:<8} {seconds:7.3f} {real / seconds:10,.0f}")
+    ratios = [pad / pack for pack, pad in zip(times["packed"], times["bucketed"])]
+    for name, ts in times.items():
+        print(f"{name:<8} s/step: {harness.spread(ts, '.3f')}")
+    print(f"bucketed / packed step time: {harness.spread(ratios)}")
+    print(harness.load_line())
+    print(f"packed_speedup_vs_bucketed={harness.quartiles(ratios)[2]:.2f}")
+
+
+def describe(a: argparse.Namespace, engines: dict, lengths: list[int], groups: list[list[int]]) -> None:
+    """The context lines: machine, commit, resources, the lengths and both sides' padding."""
+    real, B, T = sum(lengths), len(lengths), max(lengths)
+    padded = sum(len(g) * lengths[g[0]] for g in groups)
     print(harness.machine_line())
     print(harness.commit_line())
     print(
-        f"resources: one process, both sides on {dev} with {threads} torch thread(s), CPUs "
-        f"{sorted(os.sched_getaffinity(0))}; packed attention: {engines['packed'].model.config._attn_implementation}, "
-        f"padded: {engines['padded'].model.config._attn_implementation}, "
-        f"compute dtype {engines['packed'].compute_dtype}"
+        f"resources: one process, both sides on {engines['packed'].device} with {torch.get_num_threads()} torch "
+        f"thread(s), CPUs {sorted(os.sched_getaffinity(0))}; packed attention: "
+        f"{engines['packed'].model.config._attn_implementation}, bucketed: "
+        f"{engines['bucketed'].model.config._attn_implementation} (causal, no mask); compute dtype "
+        f"{engines['packed'].compute_dtype}"
     )
     print(
-        f"batch: {B} sequences ({a.n_long} of {a.long_len} tokens, the rest {a.short_len // 2}-{a.short_len}), "
-        f"{real} real tokens, padded to {B}x{T}={B * T} ({B * T / real:.2f}x); max_tokens_per_mb={a.max_tokens_per_mb}"
+        f"lengths ({a.lengths}): {B} rows, {real} real tokens, min {min(lengths)}, median "
+        f"{sorted(lengths)[B // 2]}, max {T}; one padded [B, T] batch would be {B * T} ({B * T / real:.2f}x)"
     )
-    first = {name: timed(steps[name], engines[name], batch) for name in steps}  # warm-up, untimed
     print(
-        f"warm-up step loss (same weights, same batch): packed {first['packed'][1]:.4f}, padded "
-        f"{first['padded'][1]:.4f}"
+        f"bucketed: {len(groups)} micro-batches of at most {a.max_tokens_per_mb} padded tokens "
+        f"(rows x longest: {', '.join(f'{len(g)}x{lengths[g[0]]}' for g in groups)}), {padded} tokens"
     )
-    times: dict[str, list[float]] = {"packed": [], "padded": []}
-    print("repeat  side     s/step   tokens/s")
-    for i in range(a.repeats):
-        for name in harness.order(i, list(steps)):
-            seconds, _ = timed(steps[name], engines[name], batch)
-            times[name].append(seconds)
-            print(f"{i:6d}  {name:<7} {seconds:7.3f} {real / seconds:10,.0f}")
-    ratios = [pad / pack for pack, pad in zip(times["packed"], times["padded"])]
-    for name, ts in times.items():
-        print(f"{name:<7} s/step: {harness.spread(ts, '.3f')}")
-    print(f"padded / packed step time: {harness.spread(ratios)}")
-    print(harness.load_line())
-    print(f"packed_speedup={harness.quartiles(ratios)[2]:.2f}")
 
 
 if __name__ == "__main__":

@@ -11,18 +11,19 @@ tokenizer (ChatML template), the synthetic arithmetic prompts in the same order,
 tokens (EOS ends a sample early on both sides), temperature 1.0 with no top-p/top-k, AdamW
 at lr 1e-3 constant, gradient clipping 1.0, clip range 0.2, group-normalised advantages,
 token-mean loss over the batch, no KL term, one optimizer step per batch, the same reward
-function.
+function. Gradient checkpointing is set explicitly on both sides: off in arealite (its
+default) and off in the headline TRL run (TRL's `GRPOConfig` defaults it to on, which
+its own help says costs ~20% speed); TRL with it on runs beside and is printed too.
 
 Resources (CPU only: CUDA devices are hidden from every side): every side runs in its own
 process tree, pinned (sched_setaffinity before it starts, inherited by every thread and
 child) to the same `--cpus` (default: all of ours), with the same budget of torch compute
 threads = the number of those CPUs:
 - TRL: one process (`GRPOTrainer` on CPU, no vLLM: generation is `model.generate` inside
-  the trainer) with its fastest thread count within the budget: a calibration run of 2
-  steps per `--trl-threads` count (default: 1 and the whole budget) picks it before the
-  timed repeats. On this tiny model one thread wins: OpenMP threads of a small matmul
-  mostly wait on each other, and on a busy machine they spin (2 threads measured 2-15x
-  slower than 1);
+  the trainer) with its fastest thread count within the budget: a calibration run per
+  `--trl-threads` count (default: 1 and the whole budget; gradient checkpointing off) of
+  one warm-up step and 3 timed steps picks the count with the lowest median step time
+  before the timed repeats (it has picked 1 and 2 on different runs of this machine);
 - arealite: a built-in server process (generation over HTTP) and the trainer process of
   examples/gsm8k_grpo.py (packed sequences, disk weight sync every step), each with half
   the threads, plus 2 reward worker processes; run twice: synchronously at k=0 (on-policy,
@@ -36,8 +37,10 @@ of the first step to the end of the last (the first step's warm-up and an asynch
 run's pipeline fill are paid). The sides run one after another, alternating order, for
 `--repeats` paired repeats; each repeat gives one ratio per arealite setting. Prints every
 run, CPU seconds, completion lengths and rewards per side, the spread of the ratios, then
-`arealite_sync_vs_trl_equal_cores=<median TRL / arealite k=0>` and last
-`arealite_vs_trl_equal_cores=<median TRL / arealite k=offpolicyness>`.
+`arealite_vs_trl_gc_on_equal_cores=<median TRL with gradient checkpointing / arealite
+k=offpolicyness>`, `arealite_sync_vs_trl_equal_cores=<median TRL / arealite k=0>` and last
+`arealite_vs_trl_equal_cores=<median TRL / arealite k=offpolicyness>` (TRL without gradient
+checkpointing).
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def trl_run(state: dict, req: dict) -> dict:
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0, weight_decay=0.0,
         epsilon=0.2, beta=0.0, loss_type="dapo", scale_rewards="group",
         max_steps=steps, logging_steps=1, save_strategy="no", shuffle_dataset=False, seed=s["seed"],
-        dataloader_num_workers=0, disable_dropout=True,
+        dataloader_num_workers=0, disable_dropout=True, gradient_checkpointing=req.get("gradient_checkpointing", False),
     )  # fmt: skip
     model = AutoModelForCausalLM.from_pretrained(s["model"], dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(s["model"])
@@ -121,7 +124,9 @@ def trl_run(state: dict, req: dict) -> dict:
     )
     trainer.add_callback(Timer())
     trainer.train()
+    checkpointing = bool(getattr(trainer.model, "is_gradient_checkpointing", False))
     return {
+        "gradient_checkpointing": checkpointing,
         "wall": clock["end"] - clock["start"], "cpu": clock["cpu_end"] - clock["cpu"], "times": times,
         "rewards": rewards, "lengths": lengths, "resources": harness.process_tree(os.getpid()),
     }  # fmt: skip
@@ -152,6 +157,8 @@ def report(name: str, runs: list[dict], samples: int) -> None:
             for k, v in r["staleness"].items():
                 hist[k] = hist.get(k, 0) + v
         print(f"{name}: trained tokens by staleness (versions): {json.dumps(hist)}")
+    if "gradient_checkpointing" in runs[0]:  # as the trained model reported it, not as configured
+        print(f"{name}: gradient checkpointing on the model: {runs[0]['gradient_checkpointing']}")
     print(f"{name}: resources (read from the process tree after run 0):")
     for line in runs[0]["resources"]:
         print(f"{name}:   {line}")
@@ -215,8 +222,11 @@ def main() -> None:
         try:
             for w in workers.values():  # they set up in parallel
                 w.ready  # noqa: B018
-            trl = calibrate_trl(workers, trl_threads, min(2, args.steps))
-            plan = {trl: (workers[trl], dict(steps=args.steps))}
+            trl = calibrate_trl(workers, trl_threads)
+            plan = {
+                trl: (workers[trl], dict(steps=args.steps, gradient_checkpointing=False)),
+                f"{trl} gc": (workers[trl], dict(steps=args.steps, gradient_checkpointing=True)),
+            }
             plan |= {
                 f"arealite k={k}": (workers["arealite"], dict(steps=args.steps, k=k, batch_size=args.batch_size))
                 for k in ks
@@ -255,15 +265,21 @@ def start_workers(
     return workers
 
 
-def calibrate_trl(workers: dict[str, harness.SideProcess], trl_threads: list[int], steps: int) -> str:
-    """Keep TRL's fastest thread count (closing the other workers); returns its worker's name."""
+def calibrate_trl(workers: dict[str, harness.SideProcess], trl_threads: list[int], timed_steps: int = 3) -> str:
+    """Keep TRL's fastest thread count (closing the other workers); returns its worker's name.
+
+    Each count runs one warm-up step and `timed_steps` timed ones (gradient checkpointing off,
+    as in the headline); the lowest median step time wins."""
     names = [f"trl t={t}" for t in trl_threads]
     if len(names) == 1:
         return names[0]
-    trials = {name: workers[name].run(steps=steps)["wall"] for name in names}
+    trials = {}
+    for name in names:
+        times = workers[name].run(steps=1 + timed_steps, gradient_checkpointing=False)["times"][1:]
+        trials[name] = statistics.median(times)
+        print(f"TRL calibration, {name}: s per step {harness.spread(times, '.3f')}", flush=True)
     best = min(trials, key=trials.get)
-    print(f"TRL calibration, wall s of {steps} steps: " + ", ".join(f"{n}: {w:.2f}" for n, w in trials.items())
-          + f"; timed: {best}", flush=True)  # fmt: skip
+    print(f"TRL calibration: timed with {best}", flush=True)
     for name in names:
         if name != best:
             workers.pop(name).close()
@@ -282,9 +298,14 @@ def summarize(args: argparse.Namespace, runs: dict[str, list[dict]], trl: str, k
     for name, rs in runs.items():
         print(f"{name:<12} CPU s for {args.steps} steps (all its processes): {harness.spread([r['cpu'] for r in rs])}")
     ratios = {k: [t / a for t, a in zip(walls[trl], walls[f"arealite k={k}"])] for k in ks}
+    gc_on = [t / a for t, a in zip(walls[f"{trl} gc"], walls[f"arealite k={args.offpolicyness}"])]
     for k in ks:
-        print(f"{trl} / arealite k={k} (paired): {harness.spread(ratios[k])}")
+        print(f"{trl} / arealite k={k} (paired; TRL without gradient checkpointing): {harness.spread(ratios[k])}")
+    print(
+        f"{trl} gc / arealite k={args.offpolicyness} (paired; TRL with gradient checkpointing): {harness.spread(gc_on)}"
+    )
     print(harness.load_line())
+    print(f"arealite_vs_trl_gc_on_equal_cores={harness.quartiles(gc_on)[2]:.2f}")
     if 0 in ratios:
         print(f"arealite_sync_vs_trl_equal_cores={harness.quartiles(ratios[0])[2]:.2f}")
     print(f"arealite_vs_trl_equal_cores={harness.quartiles(ratios[args.offpolicyness])[2]:.2f}")

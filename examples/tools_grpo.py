@@ -12,7 +12,10 @@ same prompt, every call failing, so the answer is the model's own). The last lin
 
     accuracy_before=<x> accuracy_with_tool=<y> accuracy_without_tool=<z>
 
-The loop is the one of examples/gsm8k_grpo.py without periodic evaluation and checkpoints.
+The loop is the one of examples/gsm8k_grpo.py without periodic evaluation, checkpoints,
+a critic, a reference model, dynamic sampling or a prompt-length filter: a config that sets
+any of those is refused with a ConfigError naming the key (`unsupported_settings`), never
+silently ignored.
 """
 
 from __future__ import annotations
@@ -60,10 +63,39 @@ def question(record: dict) -> str:
     return record["messages"][-1]["content"]
 
 
+def unsupported_settings(config: GRPOConfig) -> list[str]:
+    """The settings examples/gsm8k_grpo.py honours and this script does not, each with its fix."""
+    found = []
+    if config.critic is not None:
+        found.append("critic: (PPO with a value model) is set; remove it, or use examples/gsm8k_grpo.py")
+    if config.ref is not None:
+        found.append("ref: (a KL reference model) is set; remove it and set actor.kl_ctl=0")
+    if config.rollout.dynamic_sampling:
+        found.append("rollout.dynamic_sampling=true; set it to false")
+    if config.train_dataset.max_prompt_tokens:
+        found.append(
+            f"train_dataset.max_prompt_tokens={config.train_dataset.max_prompt_tokens} (the tool prompt is not "
+            "filtered by length); unset it"
+        )
+    if config.recover.mode != "disabled":
+        found.append(
+            f"recover.mode={config.recover.mode!r} (this script keeps no checkpoints); set recover.mode=disabled"
+        )
+    if config.evaluator.freq_steps:
+        found.append(
+            f"evaluator.freq_steps={config.evaluator.freq_steps} (this script evaluates before and after "
+            "training only); set it to 0"
+        )
+    return found
+
+
 def main(argv: list[str]) -> None:
     config = load_config(argv, GRPOConfig)
     if config.tool_use is None:
         raise ConfigError("tool_use is not set; add a tool_use: section (see configs/tiny_cpu_tools.yaml)")
+    unsupported = unsupported_settings(config)
+    if unsupported:
+        raise ConfigError("examples/tools_grpo.py does not support: " + "; ".join(unsupported))
     rank, world_size = init_distributed(timeout=config.dist_timeout)  # a lost rank fails, never hangs
     if rank == 0:
         save_config(config, os.path.join(config.run_dir, "config.yaml"))

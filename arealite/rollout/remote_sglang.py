@@ -15,7 +15,9 @@ offers:
   `abort` interrupts them (they are resubmitted after `resume`); `in_place` and `retract`
   (SGLang 0.5.6+, docs/protocol.md §2.1) keep them on the server, where they continue with the new weights.
 
-Works against the built-in server and real SGLang 0.5.5-0.5.23 (docs/protocol.md §7).
+Runs against the built-in server (tested). For real SGLang 0.5.5-0.5.23 the request and reply
+shapes were checked against SGLang's own sources (its types and handlers, read; docs/protocol.md
+§7); no real SGLang server has been run with this client (it needs a GPU).
 It deliberately does not stream, send `rid`s, or use `n > 1` (§1.4: n>1 reassigns rids).
 """
 

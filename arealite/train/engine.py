@@ -55,7 +55,7 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
 
 def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
     # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA
-    # (in bf16/fp16 only); elsewhere our varlen sdpa pads per sequence (transformers' own sdpa
+    # (in bf16/fp16 only); elsewhere our varlen sdpa attends length buckets (transformers' own sdpa
     # path would build a dense N x N block-diagonal mask: quadratic in the micro-batch's tokens).
     if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         try:
@@ -247,7 +247,9 @@ class FSDPEngine:
     # ---- public API ----
 
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> dict[str, float]:
-        """One optimizer step on this rank's padded `batch`; collective. Returns reduced stats."""
+        """One optimizer step on this rank's padded `batch`; collective. Returns reduced stats:
+        loss_fn's (weighted by loss weight), grad_norm, lr, loss_weight, update_skipped, and
+        padding_share (of the attention rows computed, over ranks: filler micro-batches count whole)."""
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer (config.optimizer is None): it is frozen")
         self.optimizer.zero_grad(set_to_none=True)
@@ -300,7 +302,19 @@ class FSDPEngine:
             (loss * scale).backward()
             if rows is not None:
                 acc.add({"loss": loss.detach(), **stats}, weights[i])
+            acc.scalar("padding_share", *self._padding(mb, filler=rows is None))
         return acc, total
+
+    def _padding(self, mb: Batch, filler: bool) -> tuple[float, float]:
+        """(padding share, rows) of a packed micro-batch's attention: a filler is all padding;
+        flash-attn pads nothing; the varlen sdpa pads within its length buckets."""
+        lens = (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
+        if filler:
+            return 1.0, float(sum(lens))
+        if self.hf_config._attn_implementation != varlen_attention.NAME:
+            return 0.0, float(sum(lens))
+        share = varlen_attention.padding_share(lens)
+        return share, sum(lens) / (1.0 - share)
 
     def _clip_gradients(self) -> float:
         max_norm = self.config.optimizer.gradient_clipping

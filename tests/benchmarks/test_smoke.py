@@ -38,8 +38,10 @@ FIGURES = {
     "lockstep_schedule.py": "lockstep_vs_interruptible",
     "lora_memory.py": "lora_memory_ratio",
     "rollout_overhead.py": "overhead_pct",
-    "server_throughput.py": "speedup_vs_batched_generate",
-    "train_packing.py": "packed_speedup",
+    "server_throughput.py": "speedup_vs_sorted_batched_generate",
+    "soak.py": "rss_mb_per_1k_requests",
+    "train_packing.py": "packed_speedup_vs_bucketed",
+    "variants.py": "variants_learning",
     "vs_trl.py": "arealite_vs_trl_equal_cores",
 }
 TAKES_MODEL_PATH = {
@@ -48,7 +50,9 @@ TAKES_MODEL_PATH = {
     "lockstep_schedule.py",
     "rollout_overhead.py",
     "server_throughput.py",
+    "soak.py",
     "train_packing.py",
+    "variants.py",
     "vs_trl.py",
 }
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in HELPERS)
@@ -79,4 +83,9 @@ def test_smoke_run_prints_its_figure(script: str, tiny_model_dir: str) -> None:
     match = re.fullmatch(r"(\w+)=(\S+)", last)
     assert match, f"{script}'s last line is {last!r}, not <name>=<number>"
     assert match.group(1) == FIGURES[script], f"{script} ends with {match.group(1)!r}, expected {FIGURES[script]!r}"
-    assert math.isfinite(float(match.group(2))), f"{script}'s figure is not a finite number: {last!r}"
+    value = match.group(2)
+    if script == "variants.py":  # a count of variants: <learning>/<run>
+        learning, run = (int(x) for x in value.split("/"))
+        assert 0 <= learning <= run > 0, f"{script}'s figure is not a count k/n: {last!r}"
+    else:
+        assert math.isfinite(float(value)), f"{script}'s figure is not a finite number: {last!r}"

@@ -3,10 +3,13 @@ server, raises its reward by a clear margin within a few dozen steps.
 
 The task is the even-token fraction of each completion (tests/e2e/varied_reward.py): every
 group has reward variance from the first step, so GRPO gets a signal at once, and the only
-way to raise the reward is the whole loop working — sampled tokens and their logprobs lining
-up with the trainer's, advantages of the right sign, the update, and the weight sync that
-puts the new policy on the server. A sign flip in the advantages or the loss, a weight sync
-that never lands, or misaligned logprobs leave the reward flat or push it down.
+way to raise the reward is the whole loop working — the sampled tokens reaching the trainer
+in their rows, advantages of the right sign, the update, and the weight sync that puts the
+new policy on the server. A sign flip in the advantages or the loss, or a weight sync that
+never lands, leaves the reward flat or pushes it down. Not covered here: the server's
+logprobs. This run is on-policy with one minibatch, so the loss takes its old logprobs from
+the trainer's own forward and the server's never enter it; their alignment with the
+trainer's is tested by tests/train/test_server_parity.py (max |diff| bounded).
 
 Robust by construction: seeded sampling, a margin (0.15) far below the gain a working loop
 reaches on this task, and no timing assertion.

@@ -1,6 +1,7 @@
 """examples/tools_grpo.py through the local launcher for 2 steps: it runs, logs its steps and
 prints the three accuracies. (The learning figures come from the full config; see the README.)"""
 
+import importlib.util
 import json
 import os
 import re
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from arealite.config import GRPOConfig, load_config
+from arealite.config import ConfigError, GRPOConfig, load_config
 
 pytestmark = pytest.mark.timeout(300)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,3 +36,28 @@ def test_tools_example_runs_two_steps(tmp_path, tool_model_dir):
     assert [r["step"] for r in rows] == [0, 1] and all(
         "tool_calls" in r and r["version"] == r["step"] + 1 for r in rows
     )
+
+
+def _tools_example():
+    spec = importlib.util.spec_from_file_location("tools_grpo", os.path.join(REPO_ROOT, "examples", "tools_grpo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("critic.path=m", "critic:"),
+        ("ref.path=m", "ref:"),
+        ("rollout.dynamic_sampling=true", "rollout.dynamic_sampling"),
+        ("train_dataset.max_prompt_tokens=64", "train_dataset.max_prompt_tokens=64"),
+        ("recover.mode=auto", "recover.mode='auto'"),
+        ("evaluator.freq_steps=5", "evaluator.freq_steps=5"),
+    ],
+)
+def test_settings_the_main_example_honours_are_refused_not_ignored(override, key, tmp_path):
+    """Each section gsm8k_grpo.py honours and tools_grpo.py does not is a ConfigError naming it,
+    raised before anything starts."""
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        _tools_example().main(["--config", CONFIG, f"fileroot={tmp_path}", override])

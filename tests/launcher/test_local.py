@@ -7,14 +7,17 @@ import signal
 import sys
 
 import pytest
+import torch
 
 from arealite.config import GRPOConfig, load_config
 from arealite.launcher.launch_args import parse_launch_args
 from arealite.launcher.local import LocalRun, main
 from arealite.launcher.process import ManagedProcess
 from tests.devices import train_device_env
+from tests.tolerance import tolerance
 
 pytestmark = pytest.mark.timeout(240)
+HIDDEN = 64  # the tiny model's hidden size: the longest dot product behind a logit
 
 
 def test_two_servers_two_trainers(launch, tiny_model_dir):
@@ -63,18 +66,26 @@ def test_killed_server_without_restarts_stops_everything(launch, tiny_model_dir)
     assert not run.alive_pids()
 
 
-def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir):
-    run = launch("local", [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1"], mode="wait")
-    run.wait_for(run.trainers_started(1), what="the trainer")
+def test_killed_server_is_restarted_catches_up_and_run_completes(launch, tiny_model_dir):
+    """A real trainer syncs new weights (version 1), the server is killed and restarted by the
+    launcher on the initial weights; back in rotation it must serve the trainer's weights."""
+    overrides = [f"actor.path={tiny_model_dir}", "launcher.max_server_restarts=1", "server.dtype=float32"]
+    run = launch("local", overrides, mode="resync")
+    run.wait_for(lambda: (run.run_dir / "synced").exists(), what="the trainer's first weight sync")
     old_pid = run.kill_first_server()
     run.wait_for(lambda: len([p for p in run.processes() if p["name"] == "server-0"]) == 2, what="a restart")
-    (run.run_dir / "stop").touch()
-    code, _, err = run.finish()
-    assert code == 0, err
+    code, out, err = run.finish()
+    assert code == 0, f"{out}\n{err}"
     assert "restarting on the same address (1 of 1)" in err
     servers = [p for p in run.processes() if p["name"] == "server-0"]
     assert servers[0]["addr"] == servers[1]["addr"] and servers[1]["pid"] != old_pid
     assert not run.alive_pids()
+    record = json.loads((run.run_dir / "resync.json").read_text())
+    assert record["server_version"] == "1"
+    mask = torch.tensor(record["loss_mask"]).bool()
+    server, trainer = torch.tensor(record["server"])[mask], torch.tensor(record["trainer"])[mask]
+    bound = tolerance(torch.float32, HIDDEN) * float(server.abs().max())  # fp32 both sides
+    assert float((server - trainer).abs().max()) <= bound, (server, trainer)
 
 
 def test_sigterm_stops_every_child(launch, tiny_model_dir):

@@ -1,8 +1,11 @@
-"""Soak: the built-in server under continuous load with a weight update every couple of
-seconds, as in a long training run, for a bounded time (AREALITE_SOAK_SECONDS, default 20).
+"""A short soak, sized for CI: the built-in server under continuous load with a weight update
+every couple of seconds, as in a long training run, for 20 s (AREALITE_SOAK_SECONDS), a few
+hundred requests on this machine.
 
-Every request must come back complete and well-formed, interruptions must be survived,
-the server's memory must stay bounded, and it must still be healthy at the end.
+Every request must come back complete and well-formed, interruptions must be survived, and
+the server must still be healthy at the end. Its memory bound (300 MB of growth) catches a
+gross leak only: 20 s is too short to measure a slow one. The leak figure comes from
+benchmarks/soak.py (10 minutes by default; the slope of the server's RSS per 1,000 requests).
 """
 
 from __future__ import annotations

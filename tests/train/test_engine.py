@@ -14,6 +14,7 @@ from arealite.config import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
 from arealite.train.engine import FSDPEngine
 from arealite.train.logprobs import packed_token_logprobs
 from arealite.train.lr_schedule import lr_factor
+from arealite.train.varlen_attention import plan
 from tests.tolerance import assert_close, close
 from tests.train.helpers import make_batch
 
@@ -75,6 +76,13 @@ def test_token_budget_splits_and_trains(tiny_model_dir):
     mask = batch["loss_mask"].bool()
     assert stats["update_skipped"] == 0 and math.isfinite(stats["grad_norm"])
     assert after[mask].mean() > before[mask].mean()  # maximizing likelihood raised it
+    # the step's padding share: the attention rows the length buckets of every micro-batch padded
+    rows = [sum(len(b.lengths) * b.width for b in plan(_lens(mb))) for mb, _ in mbs]
+    assert close(stats["padding_share"], 1 - 33 / sum(rows), torch.float64) and sum(rows) > 33
+
+
+def _lens(mb) -> list[int]:
+    return (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
 
 
 def test_sequence_over_budget_is_a_clear_error(tiny_model_dir):

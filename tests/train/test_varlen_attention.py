@@ -1,10 +1,10 @@
-"""The trainer's packed attention (varlen sdpa) against each sequence run alone."""
+"""The trainer's packed attention (varlen sdpa) against each sequence run alone, and its length buckets."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from arealite.train.varlen_attention import register, varlen_sdpa_forward
+from arealite.train.varlen_attention import padding_share, plan, register, varlen_sdpa_forward
 from tests.tolerance import assert_close
 
 HIDDEN = 64  # the tiny model's hidden size: the longest dot product behind a logit
@@ -105,3 +105,24 @@ def test_cu_seqlens_that_do_not_cover_the_row_are_rejected():
     q, k, v = _qkv(10)
     with pytest.raises(ValueError, match="cu_seq_lens_q ends at 8 but the packed row has 10 tokens"):
         varlen_sdpa_forward(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=torch.tensor([0, 3, 8]))
+
+
+def test_buckets_group_similar_lengths_and_leave_long_ones_alone():
+    """A long row never pads the short ones: the cost is about sum(L_i^2), not S * L_max^2."""
+    buckets = plan([40, 512, 36, 500, 10, 64, 0])
+    assert [(b.lengths, b.width) for b in buckets] == [((512,), 512), ((500,), 500), ((64,), 64), ((40, 36, 10), 40)]
+    assert [b.starts for b in buckets] == [(40,), (588,), (1098,), (0, 552, 1088)]
+    assert padding_share([512, 500]) == 0.0
+    assert padding_share([40, 36, 10]) == 1 - 86 / 120
+
+
+def test_buckets_of_many_sequences_match_the_dense_mask():
+    """Several multi-sequence buckets, out of packed order, put back in order (max |diff| bounded)."""
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(1, 48, (24,), generator=g).tolist() + [130, 7]
+    assert sum(len(b.lengths) > 1 for b in plan(lens)) >= 2
+    module = torch.nn.Module().eval()
+    q, k, v = _qkv(sum(lens))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    out, _ = varlen_sdpa_forward(module, q, k, v, None, cu_seq_lens_q=cu)
+    assert_close(out, _dense_reference(q, k, v, lens), n=max(lens))
