@@ -253,8 +253,8 @@ class PPOActorConfig(TrainEngineConfig):
     rollout_is_cap: float = 2.0  # the truncation C of rollout_is
     rollout_rs: str = "none"  # rollout correction, masked importance sampling (MIS / rejection): none | token (tokens
     # with w > rollout_rs_cap leave the loss) | sequence (sequences whose prod of w exceeds rollout_rs_cap leave it);
-    # dropped tokens stay in the aggregation's denominator; upper side only (verl's rollout_rs also rejects below a lower
-    # threshold); docs/algorithms.md maps verl's and TRL's modes onto these
+    # dropped tokens stay in the aggregation's denominator; upper side only (verl's rollout_rs also rejects below a
+    # lower threshold); docs/algorithms.md maps verl's and TRL's modes onto these
     rollout_rs_cap: float = 2.0  # the threshold of rollout_rs
 
     def __post_init__(self) -> None:

@@ -114,7 +114,8 @@ def test_compiled_kernel_is_exact_on_a_large_sweep(dtype):
     # the compiled kernel (FMA contraction on) over every G <= 64 and 4096 random values each
     g = torch.Generator().manual_seed(0)
     for G in range(1, 65):
-        values = (torch.rand(4096, generator=g, dtype=torch.float64) - 0.5) * 10.0 ** torch.randint(-6, 7, (4096,))
+        magnitude = 10.0 ** torch.randint(-6, 7, (4096,), generator=g)
+        values = (torch.rand(4096, generator=g, dtype=torch.float64) - 0.5) * magnitude
         rewards = values.to(dtype)[:, None].expand(-1, G).reshape(-1).to(KERNEL_DEVICE)
         for mode in adv.GROUP_NORM_MODES[: 3 if G > 1 else 2]:
             for std in adv.GROUP_STDS:
