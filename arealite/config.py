@@ -275,8 +275,30 @@ class PPOActorConfig(TrainEngineConfig):
     overlong_tokens: int | None = None  # DAPO soft overlong penalty over the last this-many tokens of
     # gconfig.max_new_tokens; None: off
     overlong_penalty_factor: float = 1.0  # penalty at the full budget, in reward units
-    mask_no_eos_with_zero: bool = False  # truncated responses (no stop token within the budget) score 0 in their group
-    # and get no loss (AReaL's name; TRL: mask_truncated_completions)
+    mask_no_eos_with_zero: bool = False  # truncated responses (no stop token within the budget) leave the loss mask
+    # (no gradient, not in the loss's denominator); what they count as in their group's baseline: truncated_baseline
+    group_std: str = "sample"  # std of group_norm=mean_std: sample (divisor G-1, as verl, TRL and AReaL) | population
+    # (divisor G: advantages sqrt(G/(G-1)) larger, arealite's convention before this setting)
+    truncated_baseline: str = "zero"  # with mask_no_eos_with_zero, a truncated response counts in its group's
+    # baseline (mean, std) as: zero (a failure: shaped score 0) | score (its shaped score as is: TRL's
+    # mask_truncated_completions, AReaL's group normalization)
+    overlong_penalty_stage: str = "after_shaping"  # after_shaping (the overlong penalty is added to the shaped
+    # reward, in its units, after the clip) | before_shaping (added to the raw reward, so bias, scaling and clip apply
+    # to it too: AReaL's and verl's DAPO order)
+    policy_loss: str = "ppo"  # per-token objective: ppo (clipped ratio) | cispo (MiniMax-M1: stop-gradient ratio
+    # truncated to [1-eps_clip, 1+eps_clip_higher] times A*logp; eps_clip=1 leaves it unbounded below, as the paper)
+    # | sapo (Qwen's soft gate (4/tau)*sigmoid(tau*(ratio-1)) times A)
+    sapo_tau_pos: float = 1.0  # policy_loss=sapo: gate temperature of tokens with a positive advantage
+    sapo_tau_neg: float = 1.05  # policy_loss=sapo: gate temperature of tokens with a negative advantage
+    rollout_is: str = "none"  # rollout correction, truncated importance sampling (TIS) with the behaviour-vs-proximal
+    # weight w = exp(prox_logp - logprobs): none | token (each token's loss times min(w, rollout_is_cap)) | sequence
+    # (every token of a sequence times min(prod of its w, rollout_is_cap)); replaces the decoupled loss's untruncated w
+    rollout_is_cap: float = 2.0  # the truncation C of rollout_is
+    rollout_rs: str = "none"  # rollout correction, masked importance sampling (MIS / rejection): none | token (tokens
+    # with w > rollout_rs_cap leave the loss) | sequence (sequences whose prod of w exceeds rollout_rs_cap leave it);
+    # dropped tokens stay in the aggregation's denominator; upper side only (verl's rollout_rs also rejects below a
+    # lower threshold); docs/algorithms.md maps verl's and TRL's modes onto these
+    rollout_rs_cap: float = 2.0  # the threshold of rollout_rs
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -292,6 +314,36 @@ class PPOActorConfig(TrainEngineConfig):
             raise ConfigError("actor.use_decoupled_loss=true needs actor.recompute_logprob=true (it uses prox_logp)")
         if self.c_clip is not None and self.c_clip <= 1.0:
             raise ConfigError(f"actor.c_clip={self.c_clip} must be > 1 (dual clip), or null to disable")
+        self._check_objective_and_correction()
+
+    def _check_objective_and_correction(self) -> None:
+        _check_choice("actor", "group_std", self.group_std, ("population", "sample"))
+        _check_choice("actor", "truncated_baseline", self.truncated_baseline, ("zero", "score"))
+        _check_choice(
+            "actor", "overlong_penalty_stage", self.overlong_penalty_stage, ("after_shaping", "before_shaping")
+        )
+        _check_choice("actor", "policy_loss", self.policy_loss, ("ppo", "cispo", "sapo"))
+        _check_choice("actor", "rollout_is", self.rollout_is, ("none", "token", "sequence"))
+        _check_choice("actor", "rollout_rs", self.rollout_rs, ("none", "token", "sequence"))
+        if self.c_clip is not None and self.policy_loss != "ppo":
+            raise ConfigError(
+                f"actor.c_clip={self.c_clip} (dual clip) belongs to policy_loss=ppo, not {self.policy_loss!r}; "
+                "set actor.c_clip to null"
+            )
+        if self.policy_loss == "sapo" and not 0 < self.sapo_tau_pos <= self.sapo_tau_neg:
+            raise ConfigError(
+                f"actor.sapo_tau_pos={self.sapo_tau_pos} and sapo_tau_neg={self.sapo_tau_neg} must satisfy "
+                "0 < tau_pos <= tau_neg (SAPO damps negative-advantage tokens faster; the paper uses 1.0 and 1.05)"
+            )
+        for name in ("rollout_is", "rollout_rs"):
+            cap = getattr(self, f"{name}_cap")
+            if getattr(self, name) != "none" and not cap > 1.0:
+                raise ConfigError(f"actor.{name}_cap={cap} must be > 1 (a weight of 1 is on-policy)")
+        if (self.rollout_is != "none" or self.rollout_rs != "none") and not self.recompute_logprob:
+            raise ConfigError(
+                "actor.rollout_is / actor.rollout_rs weigh the behaviour logprobs against prox_logp, which needs "
+                "actor.recompute_logprob=true (without it the PPO ratio is already taken to the behaviour policy)"
+            )
 
 
 @dataclass

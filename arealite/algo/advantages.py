@@ -37,6 +37,7 @@ from torch import Tensor
 
 __all__ = [
     "GROUP_NORM_MODES",
+    "GROUP_STDS",
     "broadcast_to_tokens",
     "broadcast_to_tokens_torch",
     "broadcast_to_tokens_triton",
@@ -54,6 +55,8 @@ __all__ = [
 ]
 
 GROUP_NORM_MODES = ("mean_std", "mean", "rloo")
+# Divisor of the group variance: G (population) or G - 1 (sample, Bessel's correction).
+GROUP_STDS = ("population", "sample")
 
 # Chunk length of the blocked scan: a [K, K] Toeplitz matmul solves K steps at once.
 _CHUNK = 32
@@ -131,11 +134,13 @@ def _check_gae_inputs(
             )
 
 
-def _check_group_inputs(rewards: Tensor, group_size: int, mode: str) -> None:
+def _check_group_inputs(rewards: Tensor, group_size: int, mode: str, std: str) -> None:
     if rewards.dim() != 1:
         raise ValueError(f"group_normalize: rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
     if mode not in GROUP_NORM_MODES:
         raise ValueError(f"group_normalize: unknown mode {mode!r}; use one of {GROUP_NORM_MODES}")
+    if std not in GROUP_STDS:
+        raise ValueError(f"group_normalize: unknown std {std!r}; use one of {GROUP_STDS}")
     if not isinstance(group_size, int) or group_size < 1:
         raise ValueError(f"group_normalize: group_size={group_size!r} must be an int >= 1")
     if mode == "rloo" and group_size < 2:
@@ -319,13 +324,23 @@ def gae_packed(
 # ----------------------------------------------------------------------------- torch: groups
 
 
-def group_normalize_torch(rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6) -> Tensor:
+def _std_divisor(group_size: int, std: str) -> int:
+    """G for the population std, G - 1 for the sample std (1 for a group of one, whose
+    deviations are all 0, so its advantage is 0 either way)."""
+    return max(group_size - (std == "sample"), 1)
+
+
+def group_normalize_torch(
+    rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6, std: str = "sample"
+) -> Tensor:
     """Torch reference of `group_normalize`."""
-    _check_group_inputs(rewards, group_size, mode)
+    _check_group_inputs(rewards, group_size, mode, std)
     x = rewards.to(_float_dtype(rewards)).view(-1, group_size)  # [B/G, G]
-    centered = x - x.mean(dim=1, keepdim=True)
+    d = x - x[:, :1]  # deviations from the group's first member: exactly 0 in an all-equal group
+    centered = d - d.mean(dim=1, keepdim=True)
     if mode == "mean_std":
-        out = centered / (x.std(dim=1, unbiased=False, keepdim=True) + eps)
+        var = (centered * centered).sum(dim=1, keepdim=True) / _std_divisor(group_size, std)
+        out = centered / (var.sqrt() + eps)
     elif mode == "mean":
         out = centered
     else:  # rloo: r - (sum - r) / (G - 1) == G / (G - 1) * (r - mean)
@@ -333,25 +348,35 @@ def group_normalize_torch(rewards: Tensor, group_size: int, mode: str = "mean_st
     return out.reshape(-1)
 
 
-def group_normalize_triton(rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6) -> Tensor:
+def group_normalize_triton(
+    rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6, std: str = "sample"
+) -> Tensor:
     """Triton kernel of `group_normalize`."""
-    _check_group_inputs(rewards, group_size, mode)
+    _check_group_inputs(rewards, group_size, mode, std)
     from arealite.algo.kernels.group_norm import group_normalize_kernel
 
-    return group_normalize_kernel(rewards, group_size, GROUP_NORM_MODES.index(mode), eps)
+    mode_id = GROUP_NORM_MODES.index(mode)
+    return group_normalize_kernel(rewards, group_size, mode_id, eps, _std_divisor(group_size, std))
 
 
-def group_normalize(rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6) -> Tensor:
+def group_normalize(
+    rewards: Tensor, group_size: int, mode: str = "mean_std", eps: float = 1e-6, std: str = "sample"
+) -> Tensor:
     """Group-relative reward normalization.
 
     rewards [B] with groups contiguous (rows g*G .. g*G+G-1). mode: 'mean_std' (GRPO:
-    (r - mean) / (std + eps), std with unbiased=False), 'mean' (Dr.GRPO: r - mean), 'rloo'
-    (leave-one-out: r - mean of the other G-1). Returns [B]. Raises ValueError when
-    B % group_size != 0, group_size < 1, or mode 'rloo' with group_size < 2.
+    (r - mean) / (std + eps)), 'mean' (Dr.GRPO: r - mean), 'rloo' (leave-one-out: r - mean
+    of the other G-1). std: 'sample' (divisor G - 1, as torch.std, verl, TRL and AReaL) or
+    'population' (divisor G). Returns [B]. Raises ValueError when B % group_size != 0,
+    group_size < 1, or mode 'rloo' with group_size < 2.
+
+    Exact for all-equal groups: every member gets exactly 0, whatever the value and G.
+    The deviations are taken from the group's first member before the mean (a mean rounded
+    in float32 would leave r - mean = +-1 ulp, which mean_std then divides by std + eps).
     """
     if _use_triton(rewards):
-        return group_normalize_triton(rewards, group_size, mode, eps)
-    return group_normalize_torch(rewards, group_size, mode, eps)
+        return group_normalize_triton(rewards, group_size, mode, eps, std)
+    return group_normalize_torch(rewards, group_size, mode, eps, std)
 
 
 # ----------------------------------------------------------------------------- torch: whitening

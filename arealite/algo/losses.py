@@ -11,6 +11,10 @@ Variants are functions picked from the registries below (`AGGREGATIONS`, `KL_EST
   `exp(prox_logp - behav_logp)`; weights above `behav_imp_weight_cap` drop the token.
 - dual clip (Ye et al. 2020, `c_clip`), clip-higher (DAPO, `eps_clip_higher`).
 - GSPO (Zheng et al. 2025): one ratio per sequence, the exp of its mean token log-ratio.
+- per-token objectives (`OBJECTIVES`): PPO's clip, CISPO (MiniMax-M1's truncated, detached
+  importance weight times A * logp), SAPO (Qwen's soft sigmoid gate).
+- rollout correction (`arealite.algo.rollout_correction`): token / sequence truncated IS and
+  rejection with the behaviour-vs-proximal weight.
 - aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum (Dr.GRPO, Liu et al. 2025).
 - KL estimators k1/k2/k3 (Schulman, "Approximating KL divergence").
 
@@ -21,23 +25,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
+from arealite.algo.rollout_correction import RolloutCorrection, correction_weights
+from arealite.algo.segments import segment_ids, segment_sum
+
 Tensor = torch.Tensor
 Stats = dict[str, Tensor]
-
-
-def segment_ids(cu_seqlens: Tensor) -> Tensor:
-    """Sequence index of every packed token: [N] long."""
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    return torch.repeat_interleave(torch.arange(len(lens), device=cu_seqlens.device), lens)
-
-
-def segment_sum(x: Tensor, cu_seqlens: Tensor) -> Tensor:
-    """Per-sequence sum of packed `x` [N] -> [B]."""
-    out = x.new_zeros(len(cu_seqlens) - 1)
-    return out.index_add(0, segment_ids(cu_seqlens).to(x.device), x)
+__all__ = ["segment_ids", "segment_sum"]  # re-exported: the packed-sequence helpers the losses are built on
 
 
 # ---- aggregation: [N] values -> scalar, with the weight that makes micro-batch sums exact ----
@@ -145,6 +142,53 @@ def _masked_stats(prefix: str, x: Tensor, mask: Tensor) -> Stats:
     return {f"{prefix}": sel.float().mean(), f"{prefix}_max": sel.float().max(), f"{prefix}_min": sel.float().min()}
 
 
+# ---- per-token policy objectives: (ratio, logp, advantages) -> (loss [N], clipped [N] bool | None) ----
+# ratio [N] = exp(log ratio to the proximal policy), with gradient; logp [N] the current log-probs.
+
+
+def ppo_clip_objective(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, eps_clip: float = 0.2, eps_clip_higher: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped surrogate, -min(r*A, clip(r, 1-eps, 1+eps_higher)*A); no gradient where clipped."""
+    hi = eps_clip if eps_clip_higher is None else eps_clip_higher
+    pg1 = -advantages * ratio
+    pg2 = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + hi)
+    return torch.maximum(pg1, pg2), pg2 > pg1
+
+
+def cispo_objective(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, eps_clip: float = 0.2, eps_clip_higher: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """CISPO (MiniMax-M1, Chen et al. 2025, eq. 4): -sg(clip(r, 1-eps, 1+eps_higher)) * A * logp.
+
+    The importance weight is truncated and detached instead of the update being clipped, so
+    every token keeps a gradient (-clip(r) * A * grad logp). The paper bounds r only from
+    above: eps_clip >= 1 does that (r > 0 always).
+    """
+    hi = eps_clip if eps_clip_higher is None else eps_clip_higher
+    r = ratio.detach()
+    weight = torch.clamp(r, 1.0 - eps_clip, 1.0 + hi)
+    return -advantages * weight * logp, weight != r
+
+
+def sapo_objective(
+    ratio: Tensor, logp: Tensor, advantages: Tensor, tau_pos: float = 1.0, tau_neg: float = 1.05
+) -> tuple[Tensor, None]:
+    """SAPO (Qwen, Gao et al. 2025): -(4/tau) * sigmoid(tau * (r - 1)) * A, tau = tau_pos where
+    A > 0 else tau_neg. A soft trust region: the gradient weight 4*s*(1-s) (s the sigmoid) is
+    1 at r = 1 and decays smoothly away from it, faster for negative advantages."""
+    tau = torch.where(advantages > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))  # in ratio's dtype
+    return -advantages * torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau), None
+
+
+Objective = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None]]
+OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
+    "ppo": ppo_clip_objective,
+    "cispo": cispo_objective,
+    "sapo": sapo_objective,
+}
+
+
 def ppo_actor_loss(
     logp: Tensor,
     prox_logp: Tensor,
@@ -158,21 +202,24 @@ def ppo_actor_loss(
     behav_imp_weight_cap: float | None = None,
     aggregate: Callable[[Tensor, Tensor, Tensor], Tensor] = token_mean,
     log_ratio: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] = token_log_ratio,
+    objective: Objective | None = None,
+    correction: RolloutCorrection | None = None,
 ) -> tuple[Tensor, Stats]:
-    """Clipped policy-gradient loss; all tensors [N]. Returns (scalar loss, stats).
+    """Policy-gradient loss; all tensors [N]. Returns (scalar loss, stats).
 
-    With `behav_logp` (decoupled PPO) every token is weighted by `exp(prox_logp -
-    behav_logp)`; tokens whose weight exceeds `behav_imp_weight_cap` are dropped from the
-    loss (they still count in the aggregation's denominator, so dropping never rescales
-    the other tokens).
+    `objective` (default: PPO's clip with eps_clip / eps_clip_higher) gives each token's loss
+    from the ratio to `prox_logp`; `c_clip` adds the dual clip (PPO only).
+    With `behav_logp` the tokens are reweighted and masked by `correction`
+    (`arealite.algo.rollout_correction`); without one, by the decoupled PPO loss: each token
+    weighted by `exp(prox_logp - behav_logp)`, tokens whose weight exceeds
+    `behav_imp_weight_cap` dropped (they still count in the aggregation's denominator, so
+    dropping never rescales the other tokens).
     """
     mask = loss_mask.bool()
     ratio = torch.exp(log_ratio(logp, prox_logp, mask, cu_seqlens))
-    hi = eps_clip if eps_clip_higher is None else eps_clip_higher
-    pg1 = -advantages * ratio
-    pg2 = -advantages * torch.clamp(ratio, 1.0 - eps_clip, 1.0 + hi)
-    pg = torch.maximum(pg1, pg2)
-    clipped = pg2 > pg1
+    if objective is None:
+        objective = partial(ppo_clip_objective, eps_clip=eps_clip, eps_clip_higher=eps_clip_higher)
+    pg, clipped = objective(ratio, logp, advantages)
     stats: Stats = {}
     if c_clip is not None:
         # Dual clip bounds the loss of negative-advantage tokens whose ratio ran far up.
@@ -181,16 +228,16 @@ def ppo_actor_loss(
         pg = torch.where(advantages < 0, torch.minimum(pg, pg3), pg)
         stats["dual_clip_frac"] = token_mean(dual.float(), mask, cu_seqlens).detach()
     if behav_logp is not None:
-        weight = torch.exp(prox_logp - behav_logp)
-        keep = mask
-        if behav_imp_weight_cap is not None:
-            keep = mask & (weight <= behav_imp_weight_cap)
-            stats["behav_imp_weight_capped_frac"] = token_mean((mask & ~keep).float(), mask, cu_seqlens).detach()
-        pg = torch.where(keep, pg * weight.detach(), torch.zeros_like(pg))
-        stats.update(_masked_stats("behav_imp_weight", weight, mask))
+        if correction is None:
+            correction = RolloutCorrection(decoupled=True, behav_cap=behav_imp_weight_cap)
+        factor, keep, correction_stats = correction_weights(prox_logp, behav_logp, mask, cu_seqlens, correction)
+        pg = torch.where(keep, pg * factor, torch.zeros_like(pg))
+        stats.update(correction_stats)
+        stats.update(_masked_stats("behav_imp_weight", torch.exp(prox_logp - behav_logp), mask))
     loss = aggregate(pg, mask, cu_seqlens)
     stats["pg_loss"] = loss.detach()
-    stats["clip_frac"] = token_mean(clipped.float(), mask, cu_seqlens).detach()
+    if clipped is not None:
+        stats["clip_frac"] = token_mean(clipped.float(), mask, cu_seqlens).detach()
     stats.update(_masked_stats("importance_ratio", ratio, mask))
     return loss, stats
 

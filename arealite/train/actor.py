@@ -13,7 +13,8 @@ gradients, so the loss forward's own log-probs, detached, are exactly those (TRL
 A `batch["prox_logp"]` the caller sets is always used as is.
 
 Which loss variant runs is chosen by config fields that name functions in
-`arealite.algo.losses` (aggregation, ratio level, KL estimator); advantages come from
+`arealite.algo.losses` (objective, aggregation, ratio level, KL estimator) and the rollout
+correction in `arealite.algo.rollout_correction`; advantages come from
 `arealite.algo.advantages` (see `arealite.train.advantage_estimation`).
 """
 
@@ -25,7 +26,17 @@ from functools import partial
 import torch
 
 from arealite.algo.advantages import backend as advantages_backend
-from arealite.algo.losses import AGGREGATIONS, KL_ESTIMATORS, LOG_RATIOS, entropy_from_logits, kl_loss, ppo_actor_loss
+from arealite.algo.losses import (
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    LOG_RATIOS,
+    OBJECTIVES,
+    Objective,
+    entropy_from_logits,
+    kl_loss,
+    ppo_actor_loss,
+)
+from arealite.algo.rollout_correction import RolloutCorrection
 from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
@@ -150,12 +161,13 @@ def actor_loss(
     prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()
     agg = AGGREGATIONS[config.loss_agg_mode].reduce
+    correction = rollout_correction(config)
     loss, stats = ppo_actor_loss(
         logp, prox, mb["advantages"].to(dev).float(), mask, cu,
         eps_clip=config.eps_clip, eps_clip_higher=config.eps_clip_higher, c_clip=config.c_clip,
-        behav_logp=behav if config.use_decoupled_loss else None,
-        behav_imp_weight_cap=config.behav_imp_weight_cap,
+        behav_logp=behav if correction is not None else None,
         aggregate=agg, log_ratio=LOG_RATIOS[config.importance_sampling_level],
+        objective=policy_objective(config), correction=correction,
     )  # fmt: skip
     if config.kl_ctl > 0 and not config.kl_in_reward:
         if "ref_logp" not in mb:
@@ -170,6 +182,26 @@ def actor_loss(
     stats["entropy"] = ent.detach()
     stats.update(_mismatch_stats(behav, prox, mask, cu))
     return loss, stats
+
+
+def policy_objective(config: PPOActorConfig) -> Objective:
+    """The per-token objective `actor.policy_loss` names, with its parameters bound."""
+    if config.policy_loss == "sapo":
+        return partial(OBJECTIVES["sapo"], tau_pos=config.sapo_tau_pos, tau_neg=config.sapo_tau_neg)
+    return partial(OBJECTIVES[config.policy_loss], eps_clip=config.eps_clip, eps_clip_higher=config.eps_clip_higher)
+
+
+def rollout_correction(config: PPOActorConfig) -> RolloutCorrection | None:
+    """The behaviour-policy correction the config asks for: the decoupled loss (untruncated
+    token weights, `behav_imp_weight_cap`) and / or `rollout_is` / `rollout_rs`; None: none."""
+    if not config.use_decoupled_loss and config.rollout_is == "none" and config.rollout_rs == "none":
+        return None
+    return RolloutCorrection(
+        is_level=config.rollout_is, is_cap=config.rollout_is_cap,
+        rs_level=config.rollout_rs, rs_cap=config.rollout_rs_cap,
+        decoupled=config.use_decoupled_loss,
+        behav_cap=config.behav_imp_weight_cap if config.use_decoupled_loss else None,
+    )  # fmt: skip
 
 
 def _token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:

@@ -1,19 +1,23 @@
 """From a batch's rewards (and critic values) to token-aligned advantages, as the config says.
 
 Steps, each a call into `arealite.algo.advantages`:
-0. `mask_no_eos_with_zero`: truncated responses (`batch["truncated"]`, set by the workflows)
-   leave the loss mask and score 0, so they count as failures in their group's baseline
-   but get no gradient of their own.
 1. Reward shaping per sequence: `clip((r + reward_bias) * reward_scaling, ±reward_clip)`,
-   plus DAPO's soft overlong penalty on responses that run into the last `overlong_tokens`
-   of the budget.
-2. Group baseline (`group_norm`, passed to `group_normalize` as is): GRPO mean/std
-   (`mean_std`), Dr.GRPO mean only (`mean`), RLOO leave-one-out (`rloo`), or none; groups of
-   `gconfig.group_size` consecutive rows.
-3. Token level, only when needed: with critic `values` or a KL-in-reward penalty the
+   and DAPO's soft overlong penalty on responses that run into the last `overlong_tokens`
+   of the budget: added to the shaped reward (`overlong_penalty_stage=after_shaping`, so it
+   is in shaped-reward units and escapes the clip) or to the raw reward before the shaping
+   (`before_shaping`, AReaL's and verl's order).
+2. `mask_no_eos_with_zero`: truncated responses (`batch["truncated"]`, set by the
+   workflows) leave the loss mask (no gradient; not in the loss's denominator, as TRL's
+   `mask_truncated_completions`). In their group's baseline they count as a shaped score of 0
+   (`truncated_baseline=zero`: a failure) or with their shaped score as is (`score`: TRL, and
+   AReaL's group normalization; AReaL then zeroes their reward but keeps them in the loss).
+3. Group baseline (`group_norm`, passed to `group_normalize` as is): GRPO mean/std
+   (`mean_std`, std per `group_std`), Dr.GRPO mean only (`mean`), RLOO leave-one-out
+   (`rloo`), or none; groups of `gconfig.group_size` consecutive rows.
+4. Token level, only when needed: with critic `values` or a KL-in-reward penalty the
    sequence score lands on its last loss token and GAE over the packed tokens gives
    advantages and returns; otherwise the score is broadcast to every loss token.
-4. `whiten_advantages`: whitening over all loss tokens of the batch (after `group_norm=mean`:
+5. `whiten_advantages`: whitening over all loss tokens of the batch (after `group_norm=mean`:
    REINFORCE++-baseline).
 
 The group size and the generation budget are facts of how the batch was sampled, so they come
@@ -30,22 +34,33 @@ from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch, pack, unpack
 
 
+def overlong_penalty(loss_mask: torch.Tensor, config: PPOActorConfig, max_new_tokens: int) -> torch.Tensor:
+    """DAPO's soft overlong penalty [B] (<= 0): linear from 0 at (budget - overlong_tokens)
+    generated tokens to -overlong_penalty_factor at the budget; 0 when the penalty is off."""
+    if not config.overlong_tokens:
+        return torch.zeros(loss_mask.shape[0], device=loss_mask.device)
+    if config.overlong_tokens > max_new_tokens:
+        raise ValueError(
+            f"actor.overlong_tokens={config.overlong_tokens} exceeds the generation budget "
+            f"gconfig.max_new_tokens={max_new_tokens}; lower it"
+        )
+    free = max_new_tokens - config.overlong_tokens
+    excess = (loss_mask.sum(-1).float() - free).clamp(min=0.0)
+    return -config.overlong_penalty_factor * (excess / config.overlong_tokens).clamp(max=1.0)
+
+
 def shaped_rewards(
     rewards: torch.Tensor, loss_mask: torch.Tensor, config: PPOActorConfig, max_new_tokens: int
 ) -> torch.Tensor:
-    """Scaled, biased, clipped rewards [B] with the overlong penalty (budget `max_new_tokens`) added."""
-    r = ((rewards.float() + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
-    if config.overlong_tokens:
-        if config.overlong_tokens > max_new_tokens:
-            raise ValueError(
-                f"actor.overlong_tokens={config.overlong_tokens} exceeds the generation budget "
-                f"gconfig.max_new_tokens={max_new_tokens}; lower it"
-            )
-        # DAPO: linear penalty from 0 at (budget - overlong_tokens) to -factor at the budget.
-        free = max_new_tokens - config.overlong_tokens
-        gen_len = loss_mask.sum(-1).float()
-        excess = (gen_len - free).clamp(min=0.0)
-        r = r - config.overlong_penalty_factor * (excess / config.overlong_tokens).clamp(max=1.0)
+    """Scaled, biased, clipped rewards [B] with the overlong penalty (budget `max_new_tokens`),
+    added before or after the shaping as `overlong_penalty_stage` says."""
+    penalty = overlong_penalty(loss_mask, config, max_new_tokens).to(rewards.device)
+    r = rewards.float()
+    if config.overlong_penalty_stage == "before_shaping":
+        r = r + penalty
+    r = ((r + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
+    if config.overlong_penalty_stage == "after_shaping":
+        r = r + penalty
     return r
 
 
@@ -65,7 +80,8 @@ def estimate_advantages(
                 "actor.mask_no_eos_with_zero needs batch['truncated'] [B] (RLVRWorkflow and MultiTurnWorkflow set it)"
             )
         cut = batch["truncated"].to(score.device).bool()
-        score = torch.where(cut, torch.zeros_like(score), score)
+        if config.truncated_baseline == "zero":
+            score = torch.where(cut, torch.zeros_like(score), score)
         loss_mask = out["loss_mask"] = loss_mask * ~cut.to(loss_mask.device)[:, None]
         batch = {**batch, "loss_mask": loss_mask}
     if config.group_norm != "none":
@@ -75,7 +91,7 @@ def estimate_advantages(
                 f"batch of {score.shape[0]} sequences is not a whole number of groups of gconfig.group_size={G}; "
                 "keep every group's samples together on one rank"
             )
-        score = group_normalize(score, G, mode=config.group_norm, eps=config.adv_eps)
+        score = group_normalize(score, G, mode=config.group_norm, eps=config.adv_eps, std=config.group_std)
     token_level = "values" in batch or (config.kl_ctl > 0 and config.kl_in_reward)
     if token_level:
         out.update(_token_level(batch, score, config))

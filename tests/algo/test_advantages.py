@@ -48,15 +48,16 @@ def naive_gae(rewards, values, mask, cu_seqlens, gamma, lam):
     return torch.tensor(advantages, dtype=torch.float64), torch.tensor(returns, dtype=torch.float64)
 
 
-def naive_group_normalize(rewards, group_size, mode, eps):
+def naive_group_normalize(rewards, group_size, mode, eps, std="sample"):
     r, out = rewards.tolist(), []
+    divisor = group_size - 1 if std == "sample" and group_size > 1 else group_size
     for g in range(0, len(r), group_size):
         group = r[g : g + group_size]
         mean = sum(group) / group_size
-        std = math.sqrt(sum((x - mean) ** 2 for x in group) / group_size)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in group) / divisor)
         for i, x in enumerate(group):
             if mode == "mean_std":
-                out.append((x - mean) / (std + eps))
+                out.append((x - mean) / (sd + eps))
             elif mode == "mean":
                 out.append(x - mean)
             else:
@@ -213,11 +214,12 @@ def test_gae_rejects_bad_inputs():
 
 @pytest.mark.parametrize("mode", adv.GROUP_NORM_MODES)
 @pytest.mark.parametrize("group_size", [2, 5, 8])
-def test_group_normalize_torch_matches_naive_loop(mode, group_size):
+@pytest.mark.parametrize("std", adv.GROUP_STDS)
+def test_group_normalize_torch_matches_naive_loop(mode, group_size, std):
     rewards = torch.randn(group_size * 7, generator=torch.Generator().manual_seed(group_size))
     rewards[:group_size] = 1.0  # a group with identical rewards: std 0 must not blow up
-    got = adv.group_normalize_torch(rewards, group_size, mode)
-    want = naive_group_normalize(rewards, group_size, mode, 1e-6)
+    got = adv.group_normalize_torch(rewards, group_size, mode, std=std)
+    want = naive_group_normalize(rewards, group_size, mode, 1e-6, std)
     assert_close(got, want, torch.float32, n=group_size, scale=_group_norm_scale(rewards, group_size, mode))
 
 
@@ -230,6 +232,8 @@ def test_group_normalize_rejects_bad_groups():
         adv.group_normalize(torch.zeros(6), 0)
     with pytest.raises(ValueError, match="unknown mode"):
         adv.group_normalize(torch.zeros(6), 2, mode="std")
+    with pytest.raises(ValueError, match="unknown std 'unbiased'"):
+        adv.group_normalize(torch.zeros(6), 2, std="unbiased")
 
 
 @pytest.mark.parametrize("shift_mean", [True, False])
@@ -317,11 +321,12 @@ def test_gae_triton_float64_default_tile_with_empty_sequence():
 @triton_only
 @pytest.mark.parametrize("mode", adv.GROUP_NORM_MODES)
 @pytest.mark.parametrize("group_size", [2, 5, 16])
-def test_group_normalize_triton_matches_naive_loop(mode, group_size):
+@pytest.mark.parametrize("std", adv.GROUP_STDS)
+def test_group_normalize_triton_matches_naive_loop(mode, group_size, std):
     rewards = torch.randn(group_size * 9, generator=torch.Generator().manual_seed(group_size), dtype=torch.float64)
     rewards[:group_size] = 1.0
-    got = kernel(adv.group_normalize_triton)(rewards, group_size, mode)
-    want = naive_group_normalize(rewards, group_size, mode, 1e-6)
+    got = kernel(adv.group_normalize_triton)(rewards, group_size, mode, std=std)
+    want = naive_group_normalize(rewards, group_size, mode, 1e-6, std)
     assert_close(got, want, torch.float64, n=group_size, scale=_group_norm_scale(rewards, group_size, mode))
 
 

@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent(
               warps=gae._NUM_WARPS)
         for mode in (0, 1, 2):
             build(group_norm._group_norm_kernel,
-                  dict(x_ptr=ptr, out_ptr=ptr, n_groups="i32", group_size="i32", eps="fp32"),
+                  dict(x_ptr=ptr, out_ptr=ptr, n_groups="i32", group_size="i32", std_div="i32", eps="fp32"),
                   dict(MODE=mode, GROUPS=256, BLOCK_G=16, ACC=acc))
         build(whiten._tile_stats_kernel, dict(x_ptr=ptr, m_ptr="*u8", part_ptr=ptr, n="i32"),
               dict(BLOCK=whiten._BLOCK, ACC=acc))

@@ -46,8 +46,8 @@ def _naive_grpo(rewards, loss_mask, G, mode, whiten=False, eps=1e-6):
     for b in range(len(rewards)):
         grp = [rewards[i].item() for i in range(b // G * G, b // G * G + G)]
         mean = sum(grp) / G
-        if mode == "mean_std":
-            std = (sum((x - mean) ** 2 for x in grp) / G) ** 0.5
+        if mode == "mean_std":  # the sample std (actor.group_std's default)
+            std = (sum((x - mean) ** 2 for x in grp) / (G - 1)) ** 0.5
             a = (rewards[b].item() - mean) / (std + eps)
         elif mode == "mean":
             a = rewards[b].item() - mean
@@ -69,7 +69,7 @@ def _naive_grpo(rewards, loss_mask, G, mode, whiten=False, eps=1e-6):
 
 def _min_group_std(rewards, G):
     """The smallest group std: normalization amplifies the inputs' rounding by 1 / std."""
-    std = rewards.double().view(-1, G).std(1, unbiased=False)
+    std = rewards.double().view(-1, G).std(1)
     return float(std[std > 0].min())
 
 

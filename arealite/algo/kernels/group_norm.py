@@ -1,5 +1,8 @@
 """Triton group-relative reward normalization (GRPO / Dr.GRPO / RLOO), one tile of
-GROUPS x BLOCK_G rewards per program; semantics in `algo/advantages.py:group_normalize`."""
+GROUPS x BLOCK_G rewards per program; semantics in `algo/advantages.py:group_normalize`.
+
+Same arithmetic as the torch reference: deviations from each group's first member, then
+from their mean, so an all-equal group gives exactly 0."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ def _group_norm_kernel(
     out_ptr,
     n_groups,
     group_size,
+    std_div,
     eps,
     MODE: tl.constexpr,
     GROUPS: tl.constexpr,
@@ -28,10 +32,12 @@ def _group_norm_kernel(
     ok = (groups < n_groups) & (members < group_size)
     offs = groups * group_size + members
     x = tl.load(x_ptr + offs, mask=ok, other=0.0).to(ACC)
-    mean = tl.sum(x, axis=1) / group_size  # [GROUPS]
-    centered = tl.where(ok, x - mean[:, None], 0.0)
-    if MODE == 0:
-        std = tl.sqrt(tl.sum(centered * centered, axis=1) / group_size)
+    first = tl.load(x_ptr + groups * group_size, mask=groups < n_groups, other=0.0).to(ACC)  # [GROUPS, 1]
+    d = tl.where(ok, x - first, 0.0)
+    mean = tl.sum(d, axis=1) / group_size  # [GROUPS]
+    centered = tl.where(ok, d - mean[:, None], 0.0)
+    if MODE == 0:  # std_div: G (population) or G - 1 (sample)
+        std = tl.sqrt(tl.sum(centered * centered, axis=1) / std_div)
         out = centered / (std[:, None] + eps)
     elif MODE == 1:
         out = centered
@@ -40,7 +46,7 @@ def _group_norm_kernel(
     tl.store(out_ptr + offs, out, mask=ok)
 
 
-def group_normalize_kernel(rewards: Tensor, group_size: int, mode: int, eps: float) -> Tensor:
+def group_normalize_kernel(rewards: Tensor, group_size: int, mode: int, eps: float, std_div: int) -> Tensor:
     """Launch `_group_norm_kernel`; inputs already validated by `group_normalize_triton`."""
     dtype = torch.float64 if rewards.dtype == torch.float64 else torch.float32
     out = torch.empty(rewards.numel(), dtype=dtype, device=rewards.device)
@@ -54,6 +60,7 @@ def group_normalize_kernel(rewards: Tensor, group_size: int, mode: int, eps: flo
         out,
         n_groups,
         group_size,
+        std_div,
         float(eps),
         MODE=mode,
         GROUPS=groups,
