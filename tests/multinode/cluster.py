@@ -18,6 +18,23 @@ from tests.multinode.netns import Host
 
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
 HEAD_PORT = 6379  # every host has its own network: the default port is free on each
+WAIT_FOR_NODES = """
+import sys, time, ray
+n, timeout = int(sys.argv[1]), float(sys.argv[2])
+deadline = time.monotonic() + timeout
+while True:
+    try:
+        ray.init(address="auto", log_to_driver=False)
+        break
+    except ConnectionError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(1)
+while (alive := sum(node["Alive"] for node in ray.nodes())) < n:
+    if time.monotonic() > deadline:
+        sys.exit(f"{alive} of {n} Ray nodes alive after {timeout}s")
+    time.sleep(0.5)
+"""
 
 
 def ray_env() -> dict[str, str]:
@@ -48,19 +65,13 @@ class RayCluster:
         self.wait_for_nodes(len(self.hosts), timeout)
         return self
 
-    def alive_nodes(self) -> int:
-        probe = "import ray; ray.init(address='auto', log_to_driver=False); print(len([n for n in ray.nodes() if n['Alive']]))"
-        env = dict(self.env, RAY_ADDRESS=self.address)
-        got = self.hosts[0].run([sys.executable, "-c", probe], timeout=60, env=env)
-        return int(got.stdout.split()[-1]) if got.returncode == 0 and got.stdout.split() else 0
-
     def wait_for_nodes(self, n: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while (alive := self.alive_nodes()) < n:
-            if time.monotonic() > deadline:
-                tails = {p.name: p.read_text()[-1500:] for p in self.logs.glob("ray-*.log")}
-                raise RuntimeError(f"{alive} of {n} Ray nodes up after {timeout:.0f}s: {tails}")
-            time.sleep(1.0)
+        """Wait until `n` nodes are alive, asked from the head's host through a driver."""
+        env = dict(self.env, RAY_ADDRESS=self.address)
+        got = self.hosts[0].run([sys.executable, "-c", WAIT_FOR_NODES, str(n), str(timeout)], timeout + 60, env)
+        if got.returncode != 0:
+            tails = {p.name: p.read_text()[-1500:] for p in self.logs.glob("ray-*.log")}
+            raise RuntimeError(f"Ray nodes did not come up: {got.stdout[-500:]} {got.stderr[-1500:]} {tails}")
 
     def close(self) -> None:
         for host in self.hosts:

@@ -5,7 +5,6 @@ the example run learns with its server and its two trainer ranks on three differ
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
