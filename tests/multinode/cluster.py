@@ -123,7 +123,8 @@ class SlurmCluster:
         )  # fmt: skip
 
     def start(self, timeout: float = 60.0) -> SlurmCluster:
-        (self.dir / "state").mkdir(parents=True, exist_ok=True)
+        for sub in ["state", *(f"spool.{h.hostname}" for h in self.nodes)]:
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self.conf.write_text(self.conf_text)
         key = self.dir / "munge.key"
         key.write_bytes(os.urandom(1024))
@@ -132,8 +133,10 @@ class SlurmCluster:
         munged += [f"--pid-file={self.dir}/munged.pid", f"--seed-file={self.dir}/munge.seed"]
         self.ctl.popen(munged, self.dir / "munged.out")
         self.ctl.popen(["/usr/sbin/slurmctld", "-D", "-c", "-f", str(self.conf)], self.dir / "slurmctld.out")
-        for host in self.nodes:
+        self.slurmds = [
             host.popen(["/usr/sbin/slurmd", "-D", "-f", str(self.conf)], self.dir / f"slurmd-{host.hostname}.out")
+            for host in self.nodes
+        ]
         self.wait_idle(timeout)
         return self
 

@@ -3,9 +3,9 @@
 Each `Host` is a network namespace with its own address on a /24 that exists only on a
 bridge this module creates (no uplink, no address in the root namespace: traffic stays
 between the hosts). A host has its own hostname (a UTS namespace per started process) that
-resolves to its own address (`/etc/netns/<ns>/hosts`, which `ip netns exec` mounts over
-/etc/hosts), like a node of a real cluster. Processes are started inside with
-`ip netns exec`; `Host.kill()` SIGKILLs every process in the namespace (the host "dies"),
+resolves to its own address (`/etc/netns/<ns>/hosts`, bind-mounted over /etc/hosts in a
+mount namespace per started process), like a node of a real cluster. `Host.wrap` runs a
+command inside; `Host.kill()` SIGKILLs every process in the namespace (the host "dies"),
 `Host.cut()` / `Host.restore()` take its link down and up.
 
 Every name carries `PREFIX` and the owning process id, so `remove_leftovers()` can clean up
@@ -34,16 +34,17 @@ def unavailable_reason() -> str | None:
     """Why namespaced hosts cannot be made here, or None when they can."""
     if os.geteuid() != 0:
         return "multi-node tests create network namespaces, which needs root"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "multi-node tests need `ip` (iproute2) and `unshare` (util-linux); apt-get install iproute2 util-linux"
+    if not all(shutil.which(tool) for tool in ("ip", "unshare", "nsenter")):
+        return "multi-node tests need `ip` (iproute2), `unshare` and `nsenter` (util-linux); apt-get install them"
     probe = f"{PREFIX}probe{os.getpid()}"
     made = _ip("netns", "add", probe, check=False)
     try:
         if made.returncode != 0:
             return f"`ip netns add` does not work here: {made.stderr.strip()}"
-        ran = subprocess.run(["ip", "netns", "exec", probe, "true"], capture_output=True, text=True, timeout=30)
+        enter = ["nsenter", f"--net=/run/netns/{probe}", "unshare", "--uts", "--mount", "true"]
+        ran = subprocess.run(enter, capture_output=True, text=True, timeout=30)
         if ran.returncode != 0:
-            return f"`ip netns exec` does not work here: {ran.stderr.strip()}"
+            return f"entering a network namespace does not work here ({' '.join(enter)}): {ran.stderr.strip()}"
     finally:
         _ip("netns", "del", probe, check=False)
     return None
@@ -107,9 +108,14 @@ class Host:
         self.procs: list[subprocess.Popen] = []
 
     def wrap(self, cmd: list[str]) -> list[str]:
-        """`cmd` as run inside this host (its network, its hostname)."""
-        inner = 'hostname "$0" && exec "$@"'
-        return ["ip", "netns", "exec", self.ns, "unshare", "--uts", "sh", "-c", inner, self.hostname, *cmd]
+        """`cmd` as run inside this host: its network, its hostname, its /etc/hosts.
+
+        `nsenter --net` rather than `ip netns exec`, which remounts /sys and so hides the
+        cgroup mounts that daemons such as slurmd need."""
+        inner = 'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"'
+        hosts = str(NETNS_ETC / self.ns / "hosts")
+        enter = ["nsenter", f"--net=/run/netns/{self.ns}", "unshare", "--uts", "--mount", "--propagation", "private"]
+        return [*enter, "sh", "-c", inner, self.hostname, hosts, *cmd]
 
     def popen(self, cmd: list[str], log: Path | str, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
         """Start `cmd` in this host, output to `log`, in its own session; killed at teardown."""
