@@ -58,6 +58,11 @@ class RayCluster:
         cmd += ["--disable-usage-stats", f"--temp-dir={temp_dir}"]
         host.popen(cmd, self.logs / f"ray-{host.hostname}.log", env=self.env)
 
+    def rejoin(self, host: Host, timeout: float = 180.0) -> None:
+        """Start a worker node again on `host` (after it was lost) and wait for every node."""
+        self._start(host, [f"--address={self.address}"])
+        self.wait_for_nodes(len(self.hosts), timeout)
+
     def start(self, timeout: float = 180.0) -> RayCluster:
         self._start(self.hosts[0], ["--head", f"--port={HEAD_PORT}", "--include-dashboard=false"])
         for host in self.hosts[1:]:

@@ -142,6 +142,12 @@ class Host:
         for proc in self.procs:
             proc.poll()
 
+    def power_off(self) -> None:
+        """The host is lost as a machine is: its link goes silent first (peers get no FIN or
+        RST, as from a dead machine), then every process in it is killed."""
+        self.cut()
+        self.kill()
+
     def cut(self) -> None:
         """Pull the host's cable: its link to the bridge goes down (processes keep running)."""
         _ip("link", "set", self.veth, "down")
