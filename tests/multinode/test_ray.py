@@ -101,17 +101,18 @@ def test_lost_trainer_host_fails_naming_it_and_relaunch_resumes(ray_cluster, tmp
         assert first.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     processes = [json.loads(line) for line in (run_dir / "processes.jsonl").read_text().splitlines()]
-    lost = next(
-        h for h in ray_cluster.hosts if h.hostname == next(p["host"] for p in processes if p["name"] == "trainer-1")
-    )
+    head = ray_cluster.hosts[0].hostname  # runs the launcher: the lost host must be another
+    ranks = {int(p["name"].split("-")[1]): p["host"] for p in processes if p["name"].startswith("trainer-")}
+    rank = next(r for r, host in sorted(ranks.items()) if host != head)
+    lost = next(h for h in ray_cluster.hosts if h.hostname == ranks[rank])
     lost.power_off()
     lost_at = time.monotonic()
     code = first.wait(timeout=dist_timeout + 120)
     failed_after = time.monotonic() - lost_at
     out = log.read_text()
-    print(f"run failed {failed_after:.1f}s after trainer rank 1's host was lost (dist_timeout {dist_timeout}s)")
+    print(f"run failed {failed_after:.1f}s after trainer rank {rank}'s host was lost (dist_timeout {dist_timeout}s)")
     assert code != 0, out[-3000:]
-    assert f"lost trainer rank 1 on node {lost.addr}" in out, out[-3000:]
+    assert f"lost trainer rank {rank} on node {lost.addr}" in out, out[-3000:]
     assert failed_after <= dist_timeout, f"the run took {failed_after:.0f}s to fail (dist_timeout {dist_timeout}s)"
 
     lost.restore()
