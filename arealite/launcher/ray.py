@@ -158,6 +158,7 @@ class RayRun:
         self.pg = None
         self.servers: list = []
         self.trainers: list = []
+        self.nodes: list[str] = []  # each rank's node address
         self.restarts = [0] * self.config.launcher.n_servers  # restarts seen so far, per server
 
     def connect(self) -> str:
@@ -228,7 +229,7 @@ class RayRun:
             index = launcher.n_servers + rank
             actor = self._in_bundle(TrainerActor, index, launcher.cpus_per_trainer, 1 if backend == "sglang" else 0)
             self.trainers.append(actor.remote(rank, self.run_dir, host or None))
-        nodes = _get([t.node.remote() for t in self.trainers], "trainer placement")
+        nodes = self.nodes = _get([t.node.remote() for t in self.trainers], "trainer placement")
         master_port = _get(self.trainers[0].free_port.remote(), "trainer rank 0")
         cmd = [sys.executable, self.args.script, *self.args.trainer_args]
         starts = []
@@ -248,7 +249,7 @@ class RayRun:
         """Until every rank has exited: keep servers alive; 0, or the first failing rank's status."""
         launcher = self.config.launcher
         while True:
-            codes = _get([t.poll.remote() for t in self.trainers], "trainer poll")
+            codes = self.poll_trainers()
             for rank, code in enumerate(codes):
                 if code is not None and code != 0:
                     log(f"trainer rank {rank} {describe_exit(code)}; stopping the run")
@@ -267,6 +268,23 @@ class RayRun:
                         f"{launcher.max_server_restarts})"
                     )
             time.sleep(POLL_INTERVAL)
+
+    def poll_trainers(self) -> list[int | None]:
+        """Each rank's exit code (None while it runs); a rank whose actor died or stopped
+        answering (its node lost) raises a LaunchError naming the rank and its node."""
+        refs = [t.poll.remote() for t in self.trainers]
+        ray.wait(refs, num_returns=len(refs), timeout=CALL_TIMEOUT)
+        codes = []
+        for rank, ref in enumerate(refs):  # a lost rank first: the others fail because of it
+            try:
+                codes.append(ray.get(ref, timeout=0))
+            except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as e:
+                lost = "stopped answering" if isinstance(e, ray.exceptions.GetTimeoutError) else "died"
+                raise LaunchError(
+                    f"lost trainer rank {rank} on node {self.nodes[rank]}: its actor {lost} (the node or its "
+                    f"Ray daemons are gone?); relaunch with recover.mode=auto to resume from the last checkpoint"
+                ) from e
+        return codes
 
     def run(self) -> int:
         prepare_run_dir(self.run_dir, self.config)

@@ -8,6 +8,8 @@ A reward function that raises surfaces as RewardError. Callers count both and de
 neither is ever turned into a 0 here.
 
 A reward function must be picklable: a module-level function, not a lambda or closure.
+Workers die with the process that started them, also when it is SIGKILLed: each watches its
+parent and exits once it is gone (so the resource tracker, held open by the workers, ends too).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import multiprocessing
 import os
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -39,8 +42,22 @@ def _call(fn: Callable[..., float], args: tuple, kwargs: dict[str, Any]) -> floa
     return value
 
 
-def _worker_init() -> None:
+PARENT_POLL_INTERVAL = 0.5  # seconds between a worker's checks that its parent is alive
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """Exit at once when `parent` is no longer this process's parent (it died: we were reparented).
+
+    Not PR_SET_PDEATHSIG: that fires when the parent *thread* that started the worker exits,
+    and pools are started from rollout threads that may end before the trainer does."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_INTERVAL)
+    os._exit(1)
+
+
+def _worker_init(parent: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # a reward never needs torch threads
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), name="parent-watch", daemon=True).start()
 
 
 def _ready() -> int:
@@ -76,7 +93,10 @@ class RewardPool:
         with self._lock:
             if self._pool is None:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
-                    self.max_workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init
+                    self.max_workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_worker_init,
+                    initargs=(os.getpid(),),
                 )
             return self._pool
 

@@ -3,8 +3,11 @@
 Two ways a server leaves the rotation:
 - a request to it fails (connection error, timeout, 5xx) and a /health probe confirms it;
 - it stops answering the periodic /health probes (`MISSES_TO_LEAVE` in a row), e.g. a hung
-  process whose connections stay open. Probes of servers in rotation pause while the client
-  is paused: SGLang's /health runs a generation, which blocks while generation is paused.
+  process whose connections stay open, or a host cut off the network. While the client is
+  paused the probe is /get_model_info instead: SGLang's /health runs a generation, which
+  blocks while generation is paused. Control and weight-update calls to a server that leaves
+  are abandoned (`ServerPool.unless_left`), so a sync is held up by the probes, not by
+  `rollout.control_timeout`.
 
 Requests in flight to a server that leaves are abandoned (`left_rotation` resolves) and
 resubmitted elsewhere by `agenerate`. Servers out of rotation are probed every
@@ -100,14 +103,14 @@ class HealthMonitor:
         while True:
             await asyncio.sleep(self._config.health_check_interval)
             try:
-                if not self._gate.paused:
-                    await asyncio.gather(*(self._check_in_rotation(a) for a in self._pool.healthy))
+                paused = self._gate.paused  # then liveness only: SGLang's /health blocks while paused
+                await asyncio.gather(*(self._check_in_rotation(a, paused) for a in self._pool.healthy))
                 await asyncio.gather(*(self._try_rejoin(a) for a in self._pool.down))
             except Exception:  # the watcher must outlive any one bad probe
                 logger.exception("health check round failed; retrying next interval")
 
-    async def _check_in_rotation(self, address: str) -> None:
-        if await self.probe(address):
+    async def _check_in_rotation(self, address: str, paused: bool = False) -> None:
+        if await (self.alive(address) if paused else self.probe(address)):
             self._misses[address] = 0
             return
         self._misses[address] = self._misses.get(address, 0) + 1

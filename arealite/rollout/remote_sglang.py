@@ -227,13 +227,17 @@ class RemoteSGLangEngine:
         """POST to every server in rotation; a server that cannot be reached leaves it."""
 
         async def one(address: str) -> None:
+            call = self.transport.request(
+                "POST", address, path, body, self.config.control_timeout, setting="rollout.control_timeout"
+            )
             try:
-                status, reply = await self.transport.request(
-                    "POST", address, path, body, self.config.control_timeout, setting="rollout.control_timeout"
-                )
+                answer = await self.pool.unless_left(address, call)  # the health watcher may take it out
             except TransientServerError as e:
                 self.pool.take_out(address, str(e))
                 return
+            if answer is None:
+                return
+            status, reply = answer
             if status != 200:
                 raise RolloutError(f"POST {path} returned {status}: {protocol.error_message(reply)}", address)
 

@@ -16,9 +16,12 @@ import asyncio
 import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable
+from typing import TypeVar
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _MAX_AFFINITIES = 100_000  # groups remembered for routing; the oldest are forgotten first
 
 
@@ -105,6 +108,16 @@ class ServerPool:
             if not self.is_healthy(address):
                 future.set_result(None)
         return future
+
+    async def unless_left(self, address: str, call: Awaitable[T]) -> T | None:
+        """`call`'s result, or None (the call cancelled) once `address` leaves the rotation first:
+        a server cut off mid-call would otherwise hold it until the call's own timeout."""
+        task = asyncio.ensure_future(call)
+        await asyncio.wait((task, self.left_rotation(address)), return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            task.cancel()
+            return None
+        return task.result()
 
     def context_length(self, address: str) -> int | None:
         """The server's context length as it reported it (None: unknown, no clamping)."""

@@ -94,9 +94,12 @@ class WeightUpdater:
         that went down is taken out of rotation (it is re-synced when it rejoins), any other
         failure is raised. Fails if no server took the update."""
         post = post or self._post
-        results = await asyncio.gather(*(post(a, path, b) for a, b in zip(addresses, bodies)), return_exceptions=True)
+        calls = (self._pool.unless_left(a, post(a, path, b)) for a, b in zip(addresses, bodies))
+        results = await asyncio.gather(*calls, return_exceptions=True)
         done = 0
         for address, result in zip(addresses, results):
+            if not self._pool.is_healthy(address):  # taken out meanwhile (the call was abandoned)
+                continue
             if isinstance(result, BaseException):
                 dead = isinstance(result.__cause__, TransientServerError) and not await self._health.alive(address)
                 if dead:

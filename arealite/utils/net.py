@@ -20,6 +20,15 @@ from collections.abc import Callable
 SERVER_ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
 
 
+def host_address() -> str:
+    """This host's address as other hosts reach it: what its hostname resolves to
+    (docs/multinode.md §1), or 127.0.0.1 where the hostname does not resolve."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
 def port_is_free(host: str, port: int) -> bool:
     """True if nothing listens on (or holds) `host:port`, tested by binding to it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from arealite import world
 from arealite.interfaces import InferenceEngine, TrainEngine
 from arealite.types import WeightUpdateMeta
+from arealite.utils import net
 from arealite.weight_sync.buckets import WeightSpec, broadcast_buckets, weight_buckets
 from arealite.weight_sync.distributed import Groups, broadcast_weights, ensure_group
 from arealite.weight_sync.group import WeightBroadcastError
@@ -81,7 +82,8 @@ class WeightSync:
             self.buckets = weight_buckets(actor.model, actor.compute_dtype, chunk_mb)
             meta = WeightUpdateMeta(
                 type="distributed",
-                master_address=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                # servers on other hosts must reach rank 0: not loopback outside a launcher either
+                master_address=os.environ.get("MASTER_ADDR") or net.host_address(),
                 backend=backend or ("nccl" if actor.device.type == "cuda" else "gloo"),  # the trainer's device
                 timeout=rollout.config.weight_update_timeout,
                 weight_chunk_mb=chunk_mb,
