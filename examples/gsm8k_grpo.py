@@ -9,8 +9,10 @@ a `critic:` section turns GRPO into PPO with GAE on the critic's values, a `ref:
 (with `actor.kl_ctl > 0`) adds the KL to a frozen reference model, `rollout.dynamic_sampling`
 drops groups whose rewards are all equal. A relaunch of the same run resumes from its latest
 checkpoint (`recover.mode=auto`); the held-out set is evaluated before training, every
-`evaluator.freq_steps` versions and at the end. The last two lines printed are
-`final_entropy=<e> truncated_frac=<t>` (means over the last steps) and
+`evaluator.freq_steps` versions and at the end. The closing lines printed are
+`response_len_p50=<x> response_len_p95=<y>`, for asynchronous runs `mixed_version_frac=<f>`
+(the share of trained samples whose tokens span a weight sync, over the run), then the last
+two: `final_entropy=<e> truncated_frac=<t>` (these three: means over the last steps) and
 `eval_accuracy_before=<x> eval_accuracy_after=<y>`.
 """
 
@@ -52,6 +54,8 @@ from arealite import (
     save_config,
 )  # fmt: skip
 
+RECENT = ("entropy", "truncated_frac", "response_len_p50", "response_len_p95")
+
 
 def main(argv: list[str]) -> None:
     config = load_config(argv, GRPOConfig)
@@ -68,7 +72,8 @@ def main(argv: list[str]) -> None:
     feed = DataFeed(loader)  # remembers prompts handed out but not yet trained (exact recovery)
     reward_fn = reward_fn_for(config)
     asynchronous = config.rollout.max_head_offpolicyness > 0
-    recent = deque(maxlen=10)  # (entropy, truncated_frac) of the last steps, for the closing line
+    recent = deque(maxlen=10)  # the RECENT stats of the last steps, for the closing lines
+    mixed = []  # mixed_version_frac of every step (asynchronous runs)
     accuracy = {}  # version -> held-out pass@1
 
     # Everything that holds a resource is closed on the way out, errors included.
@@ -139,7 +144,8 @@ def main(argv: list[str]) -> None:
                 stats.update(dropped_groups=feed.dropped_groups, filler_groups=sampler.filler_groups)
             stats.update(version=version, **timer.pop())
             stats_logger.commit(step, stats)
-            recent.append((stats.get("entropy", float("nan")), stats.get("truncated_frac", float("nan"))))
+            recent.append(tuple(stats.get(k, float("nan")) for k in RECENT))
+            mixed.append(stats.get("mixed_version_frac", float("nan")))
 
         if evaluator and evaluator.should_run(version, config.total_train_steps):
             final = evaluator.evaluate(rollout)
@@ -150,7 +156,10 @@ def main(argv: list[str]) -> None:
     if rank == 0 and plot:
         print(f"plots: {plot}", flush=True)
     if rank == 0 and recent:
-        entropy, truncated = (sum(v) / len(v) for v in zip(*recent))
+        entropy, truncated, p50, p95 = (sum(v) / len(v) for v in zip(*recent))
+        print(f"response_len_p50={p50:.1f} response_len_p95={p95:.1f}", flush=True)
+        if asynchronous:
+            print(f"mixed_version_frac={sum(mixed) / len(mixed):.4f}", flush=True)
         print(f"final_entropy={entropy:.4f} truncated_frac={truncated:.4f}", flush=True)
     if rank == 0 and accuracy:
         before, after = accuracy.get("0", float("nan")), accuracy[max(accuracy, key=int)]
