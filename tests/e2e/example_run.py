@@ -13,8 +13,15 @@ from arealite.server.process import launch_server_process
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_example(tmp_path: Path, model: str, experiment: str, overrides: list[str], timeout: float = 280) -> list[dict]:
-    """The example script on configs/tiny_cpu.yaml with `overrides`, one server of `model`, one
+def run_example(
+    tmp_path: Path,
+    model: str,
+    experiment: str,
+    overrides: list[str],
+    timeout: float = 280,
+    config: str = "tiny_cpu.yaml",
+) -> list[dict]:
+    """The example script on configs/`config` with `overrides`, one server of `model`, one
     trainer thread; fails with the run's output tail unless it exits 0. Returns stats.jsonl rows."""
     server = launch_server_process(model, extra_args=["--skip-server-warmup"])
     env = {
@@ -22,7 +29,7 @@ def run_example(tmp_path: Path, model: str, experiment: str, overrides: list[str
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
     }  # fmt: skip
     cmd = [
-        sys.executable, str(REPO / "examples" / "gsm8k_grpo.py"), "--config", str(REPO / "configs" / "tiny_cpu.yaml"),
+        sys.executable, str(REPO / "examples" / "gsm8k_grpo.py"), "--config", str(REPO / "configs" / config),
         f"fileroot={tmp_path}", f"experiment_name={experiment}", "trial_name=t", f"actor.path={model}",
         "recover.mode=disabled", "evaluator.freq_steps=0", "stats_logger.plot=false",
         "stats_logger.progress_bar=false", *overrides,
