@@ -6,6 +6,7 @@ from typing import Any
 
 from arealite.config import GRPOConfig
 from arealite.data.arithmetic import arithmetic_reward_fn
+from arealite.data.fibonacci import fibonacci_reward_fn
 from arealite.data.loader import filter_by_prompt_length, load_records
 from arealite.reward.math import boxed_reward_fn, gsm8k_reward_fn
 from arealite.utils.imports import import_object
@@ -15,7 +16,9 @@ REWARDS = {
     "math500": boxed_reward_fn,
     "jsonl": boxed_reward_fn,
     "arithmetic": arithmetic_reward_fn,
+    "fibonacci": fibonacci_reward_fn,
 }
+SYNTHETIC = ("arithmetic", "fibonacci")  # tasks generated here, with a test split of their own
 
 
 def reward_fn_for(config: GRPOConfig) -> Any:
@@ -27,10 +30,10 @@ def held_out_records(config: GRPOConfig, tokenizer: Any) -> list[dict[str, Any]]
     """`valid_dataset` if set, else the test split of `train_dataset` (synthetic tasks only)."""
     dataset = config.valid_dataset
     if dataset is None:
-        if config.train_dataset.type != "arithmetic":
+        if config.train_dataset.type not in SYNTHETIC:
             raise ValueError(
                 f"evaluation needs valid_dataset for train_dataset.type={config.train_dataset.type!r} "
-                "(only the synthetic task has a built-in test split); set valid_dataset.path or evaluator.freq_steps=0"
+                "(only synthetic tasks have a built-in test split); set valid_dataset.path or evaluator.freq_steps=0"
             )
         dataset = config.train_dataset
     records = load_records(dataset, split="test", seed=config.seed)

@@ -22,7 +22,7 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ("reward (train batch, mean)", "step", ["reward"]),
     ("held-out accuracy", "eval/version", ["eval/pass@1", "eval/pass@k", "eval/maj@k"]),
     ("policy entropy (nats per response token)", "step", ["entropy"]),
-    ("response length (tokens)", "step", ["response_len", "response_len_max"]),
+    ("response length (tokens)", "step", ["response_len", "response_len_p50", "response_len_p95", "response_len_max"]),
     ("truncated fraction (hit max_new_tokens without a stop)", "step", ["truncated_frac"]),
     ("train-inference mismatch |logprobs - prox_logp|", "step", ["logprob_mismatch", "logprob_mismatch_max"]),
     ("staleness of trained tokens (versions behind)", "step", ["staleness", "staleness_max"]),

@@ -60,3 +60,18 @@ def test_ppo_variant_turns_on_critic_gae_and_reference_kl_from_config_alone():
     assert config.critic is not None and config.critic.path == config.actor.path
     assert config.ref is not None and config.ref.path == config.actor.path and config.actor.kl_ctl > 0
     assert config.actor.group_norm == "none" and config.actor.whiten_advantages  # the critic is the baseline
+
+
+def test_reasoning_job_and_its_async_variant_share_model_task_and_evaluation():
+    sync, variant = _load("tiny_cpu_reasoning.yaml"), _load("tiny_cpu_reasoning_async.yaml")
+    build, sft = (shlex.split(c) for c in sync.launcher.setup_commands)
+    assert build[:4] == ["python", "-m", "arealite.tools.tiny_model", sync.sft.base_path]
+    assert sft == ["python", "-m", "arealite.tools.sft_warmstart", "--config", "configs/tiny_cpu_reasoning.yaml"]
+    assert sync.train_dataset.type == "fibonacci" and sync.rollout.max_head_offpolicyness == 0
+    assert variant.launcher.setup_commands == sync.launcher.setup_commands  # the same SFT warm start
+    assert variant.actor.path == sync.actor.path and variant.sft == sync.sft
+    assert variant.train_dataset == sync.train_dataset and variant.evaluator == sync.evaluator
+    assert variant.gconfig == sync.gconfig and variant.experiment_name != sync.experiment_name
+    assert variant.rollout.max_head_offpolicyness >= 1 and variant.actor.use_decoupled_loss
+    # every correct answer fits the budget: truncation means a policy that does not stop
+    assert sync.gconfig.max_new_tokens >= 9 * sync.train_dataset.max_steps

@@ -1,5 +1,6 @@
 """Weight updates while generation is in flight: interrupted samples resume with the remaining
-budget, their tokens carry mixed versions, and nothing is lost or duplicated."""
+budget, their tokens carry mixed versions, and nothing is lost or duplicated (no token of an
+interrupted answer is generated twice)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from transformers import AutoTokenizer
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.reward.math import gsm8k_reward_fn
 from arealite.rollout import RemoteSGLangEngine
-from arealite.types import WeightUpdateMeta
+from arealite.types import ModelRequest, WeightUpdateMeta
 from arealite.workflow import RLVRWorkflow
 
 pytestmark = pytest.mark.timeout(240)
@@ -73,3 +74,49 @@ def test_update_weights_during_generation(two_servers, tiny_model_dir, tmp_path)
     for g, ids in enumerate(prompt_ids):
         for row in range(g * GROUP, (g + 1) * GROUP):
             assert batch["input_ids"][row, : len(ids)].tolist() == ids
+
+
+LONG = 300  # tokens of the interrupted answer: many decode steps, so the pause lands mid-answer
+
+
+def _decode_steps(server) -> int:
+    return server.get("/get_server_info")[1]["internal_states"][0]["decode_steps"]
+
+
+def test_interrupted_answer_continues_after_its_last_token(two_servers, tiny_model_dir, tmp_path):
+    """A weight sync in the middle of an answer: the server returns the partial answer, the
+    client resubmits prompt + partial, and generation continues from the next token. Greedy
+    decoding makes the uninterrupted answer the reference: a token generated twice (or lost)
+    shifts every token after it. The server's own count closes the gap a repeated token could
+    hide in: it samples one token per prefill and one per decode step, and sampled exactly as
+    many as the answer holds."""
+    server = two_servers[0]
+    weights = tmp_path / "weights"
+    shutil.copytree(tiny_model_dir, weights)
+    gconfig = GenerationHyperparameters(max_new_tokens=LONG, min_new_tokens=LONG, temperature=0.0)
+    prompt = AutoTokenizer.from_pretrained(tiny_model_dir).encode("fib 3 5 40", add_special_tokens=False)
+    engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [server.address])
+    engine.initialize()
+    try:
+        engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights), version=0)).result(timeout=60)
+        engine.set_version(0)
+        reference = engine.loop.submit(engine.agenerate(ModelRequest(prompt, gconfig))).result(timeout=120)
+        before = _decode_steps(server)
+        pending = engine.loop.submit(engine.agenerate(ModelRequest(prompt, gconfig)))
+        while _decode_steps(server) < before + LONG // 3:  # a third of the answer is out
+            time.sleep(0.005)
+        engine.pause()
+        engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights), version=1)).result(timeout=60)
+        engine.set_version(1)
+        engine.resume()
+        resp = pending.result(timeout=120)
+        sampled = _decode_steps(server) - before + resp.n_interruptions + 1  # + one token per prefill
+    finally:
+        engine.destroy()
+
+    assert len(reference.output_tokens) == LONG and reference.n_interruptions == 0
+    assert resp.n_interruptions == 1, "the pause did not interrupt the answer"
+    cut = resp.output_versions.count(0)  # tokens returned before the pause
+    assert 0 < cut < LONG and resp.output_versions == [0] * cut + [1] * (LONG - cut)
+    assert resp.output_tokens == reference.output_tokens, f"the answer changed after its first {cut} tokens"
+    assert sampled == LONG, f"the server sampled {sampled} tokens for an answer of {LONG}"
