@@ -25,10 +25,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness
-from async_speedup import report, run_configs
+from async_speedup import report, start_worker
 
 
 def main() -> None:
@@ -46,6 +47,7 @@ def main() -> None:
     p.add_argument("--model-path", default=None, help="HF model folder (default: a tiny Qwen2 built on the spot)")
     p.add_argument("--smoke", action="store_true", help="a few seconds: 2 prompts x 2, 8 tokens, 2 steps, 1 repeat")
     args = p.parse_args()
+    args.records_fn = args.reward_fn = None  # async_speedup's worker: the arithmetic task
     if args.smoke:
         args.steps, args.repeats, args.batch_size, args.group_size, args.max_new_tokens = 2, 1, 2, 2, 8
     cpus = sorted(harness.cpu_set(args.cpus))
@@ -59,9 +61,10 @@ def main() -> None:
         f"max_new_tokens={args.max_new_tokens}, {args.repeats} paired repeats; CPUs {cpus}"
         + (f", server on CPU {cpus[0]}, trainer on {cpus[1:]}" if args.split else "")
     )
-    base = dict(k=k, batch_size=args.batch_size, steps=args.steps)
+    layout = "split-1+1" if args.split else "shared-1+1"
+    base = dict(k=k, batch_size=args.batch_size, steps=args.steps, layout=layout)
     configs = {"interruptible": base, "lockstep": dict(base, schedule="lockstep")}
-    runs = run_configs(args, cpus, configs)
+    runs = run_pair(args, cpus, configs, layout)
     for name, r in runs.items():
         report(name, r)
     walls = {name: [r["wall"] for r in rs] for name, rs in runs.items()}
@@ -71,6 +74,19 @@ def main() -> None:
     print(f"interruptible / lockstep wall (paired): {harness.spread(ratios)}")
     print(harness.load_line())
     print(f"lockstep_vs_interruptible={harness.quartiles(ratios)[2]:.2f}")
+
+
+def run_pair(args: argparse.Namespace, cpus: list[int], configs: dict[str, dict], layout: str) -> dict[str, list[dict]]:
+    """Both schedules on one worker (server + trainer process tree), `args.repeats` alternating repeats."""
+    with tempfile.TemporaryDirectory(prefix="lockstep_schedule_") as tmp:
+        from arealite.tools.tiny_model import build_tiny_model
+
+        model = args.model_path or build_tiny_model(os.path.join(tmp, "model"), seed=0)
+        worker = start_worker(args, cpus, configs, model, tmp, layout)
+        try:
+            return harness.run_paired({name: (worker, c) for name, c in configs.items()}, args.repeats)
+        finally:
+            worker.close()
 
 
 if __name__ == "__main__":
