@@ -22,7 +22,11 @@ def _without_timings(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "schedule", [[], ["rollout.schedule=lockstep", "rollout.max_head_offpolicyness=1"]], ids=["sync", "lockstep"]
+    "schedule",
+    [
+        pytest.param([], id="sync", marks=pytest.mark.heavy),  # the server's deterministic mode: tests/server
+        pytest.param(["rollout.schedule=lockstep", "rollout.max_head_offpolicyness=1"], id="lockstep"),
+    ],
 )
 def test_two_same_seed_runs_write_identical_stats(tmp_path, tiny_model_dir, schedule):
     overrides = [*schedule,

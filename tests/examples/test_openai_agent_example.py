@@ -13,7 +13,7 @@ import pytest
 
 from arealite.config import GRPOConfig, load_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(300)]
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO_ROOT, "configs", "tiny_cpu_openai_agent.yaml")
 
