@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--variants", nargs="+", default=None, help="a subset of the matrix's variants")
     p.add_argument("--quick", action="store_true", help="the matrix's quick overrides, one seed unless --seeds")
-    p.add_argument("--smoke", action="store_true", help="2 steps of 2 variants, 1 seed: checks the plumbing only")
+    p.add_argument("--smoke", action="store_true", help="2 steps of GRPO, 1 seed: checks the plumbing only")
     p.add_argument("--jobs", type=int, default=2, help="runs at once")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     p.add_argument("--out", type=Path, default=REPO / "runs" / "variants")
@@ -144,7 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.model_path:  # every variant's actor (and critic, reference) starts from it; nothing to build
         a.extra = [f"actor.path={a.model_path}", "launcher.setup_commands=[]", *a.extra]
     seeds = a.seeds if not (a.quick or a.smoke) or "--seeds" in (argv or sys.argv) else a.seeds[:1]
-    names = a.variants or (["grpo", "ppo"] if a.smoke else None)
+    names = a.variants or (["grpo"] if a.smoke else None)
+    if a.smoke:
+        a.jobs = 1
     matrix = load_matrix(a.matrix, a.quick, names)
     if a.smoke:
         smoke = ["total_train_steps=2", "evaluator.freq_steps=2", "evaluator.num_samples=8", "evaluator.k=1"]
