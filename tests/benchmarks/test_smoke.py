@@ -68,7 +68,11 @@ def test_every_script_has_a_documented_figure() -> None:
     assert not undocumented, f"figures {undocumented} are not in benchmarks/README.md"
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+# variants.py's smoke run is a whole launcher run (server, trainer, evaluation): with the heavy tests
+HEAVY = {"variants.py"}
+
+
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.heavy) if s in HEAVY else s for s in SCRIPTS])
 def test_smoke_run_prints_its_figure(script: str, tiny_model_dir: str) -> None:
     if script == "vs_trl.py":
         pytest.importorskip("trl", reason="vs_trl.py needs TRL, the benchmark extra: pip install -e .[bench]")
