@@ -81,7 +81,7 @@ def setup(s: dict) -> dict:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from arealite.server.process import launch_server_process
+    from arealite.server.process import ServerStartError, launch_server_process
 
     requests = s["max_in_flight"] * s["group_size"]
     extra = [
@@ -99,7 +99,14 @@ def setup(s: dict) -> dict:
         if s.get("server_cpus"):
             os.sched_setaffinity(0, set(s["server_cpus"]))  # this thread only; the server process inherits it
         # a generous start-up bound: on a loaded machine the server can take minutes to come up
-        return launch_server_process(s["model"], extra_args=extra, env=env, log_path=log, timeout=600)
+        for attempt in range(3):
+            try:
+                return launch_server_process(s["model"], extra_args=extra, env=env, log_path=log, timeout=600)
+            except ServerStartError as e:
+                # its free port can be taken between the pick and the bind (here: by the trainer's
+                # process group, which picks its own port at the same time); pick again
+                if "address already in use" not in str(e) or attempt == 2:
+                    raise
 
     with ThreadPoolExecutor(1) as starter:
         server = starter.submit(start_server)  # the server starts while this process imports torch
