@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import socket
 import uuid
 from collections.abc import Callable
 
@@ -36,6 +35,7 @@ import torch.distributed as dist
 from arealite import world
 from arealite.interfaces import InferenceEngine
 from arealite.types import WeightUpdateMeta
+from arealite.utils import net
 from arealite.weight_sync.group import WeightBroadcastError, init_custom_process_group, release_store
 
 logger = logging.getLogger(__name__)
@@ -44,12 +44,6 @@ _DONE, _RETRY, _FAIL = 0, 1, 2
 
 class WeightSyncError(RuntimeError):
     """The distributed weight sync could not reach a consistent state on any server."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 class Groups:
@@ -101,7 +95,9 @@ def ensure_group(groups: Groups, rollout: InferenceEngine, meta: WeightUpdateMet
         if not members:
             raise WeightSyncError("no inference server answers /health; none can receive the weights")
         base = meta.group_name.split("#")[0]
-        new = dataclasses.replace(meta, group_name=f"{base}#{uuid.uuid4().hex[:8]}", master_port=_free_port())
+        new = dataclasses.replace(
+            meta, group_name=f"{base}#{uuid.uuid4().hex[:8]}", master_port=net.free_ports(1, "")[0]
+        )
         joined = rollout.init_weights_update_group(new, members)  # the servers block until rank 0 joins
         try:
             groups.join(new, 1 + len(members))
