@@ -50,6 +50,9 @@ _EXPORTS = {
     # writing your own parts
     "RolloutWorkflow": "arealite.interfaces",
     "InferenceEngine": "arealite.interfaces",
+    "GenerationEngine": "arealite.interfaces",
+    "RolloutRunner": "arealite.interfaces",
+    "WeightSyncTarget": "arealite.interfaces",
     "TrainEngine": "arealite.interfaces",
     "ModelRequest": "arealite.types",
     "ModelResponse": "arealite.types",
@@ -80,7 +83,14 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run
     from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
     from arealite.eval.evaluator import Evaluator
     from arealite.eval.task import held_out_records, reward_fn_for
-    from arealite.interfaces import InferenceEngine, RolloutWorkflow, TrainEngine
+    from arealite.interfaces import (
+        GenerationEngine,
+        InferenceEngine,
+        RolloutRunner,
+        RolloutWorkflow,
+        TrainEngine,
+        WeightSyncTarget,
+    )
     from arealite.recover import EngineGroup, Recover
     from arealite.reward.pool import RewardPool
     from arealite.rollout.batch import trajectory_from_tokens

@@ -1,8 +1,8 @@
 """The typed contracts between arealite's parts (docs/architecture.md §7).
 
-- `InferenceEngine`: what generates (the rollout client, `RemoteSGLangEngine`). Workflows
-  call only `agenerate` and `get_version`; the training script and the weight sync call the
-  rest.
+- What generates (the rollout client, `RemoteSGLangEngine`), by audience: `GenerationEngine` (what a
+  workflow gets), `WeightSyncTarget` (what the weight sync drives), `RolloutRunner` (what the
+  training script calls); `InferenceEngine` is all three.
 - `TrainEngine`: what trains (`FSDPEngine` and its subclasses: actor, critic, reference).
 - `RolloutWorkflow`: one episode, from a data record to a scored trajectory. The only thing
   a user writes to change what an episode is (one answer, a multi-turn dialogue, tool calls,
@@ -43,16 +43,20 @@ PostHook = Callable[[torch.Tensor, Batch], torch.Tensor]
 
 
 @runtime_checkable
-class InferenceEngine(Protocol):
-    """The rollout client. Workflows call only `agenerate` and `get_version`; the weight sync
-    (`arealite.weight_sync`) calls the server-side verbs below them, on trainer rank 0 unless
-    noted."""
-
-    config: InferenceEngineConfig
+class GenerationEngine(Protocol):
+    """What a workflow gets: one sample at a time, and the weight version it comes from."""
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """One sample for `req`, surviving interruptions and server failures."""
         ...
+
+    def get_version(self) -> int: ...
+
+
+@runtime_checkable
+class WeightSyncTarget(Protocol):
+    """What the weight sync (`arealite.weight_sync`) drives: the servers' weights and version,
+    on trainer rank 0 unless noted."""
 
     def get_version(self) -> int: ...
 
@@ -98,6 +102,13 @@ class InferenceEngine(Protocol):
         """Take the servers of `addresses` that are not alive out of rotation; returns them."""
         ...
 
+
+@runtime_checkable
+class RolloutRunner(Protocol):
+    """What the training script uses: episodes run on data, trajectories back as batches."""
+
+    config: InferenceEngineConfig
+
     def submit(
         self, data: dict[str, Any], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
     ) -> None: ...
@@ -115,6 +126,11 @@ class InferenceEngine(Protocol):
     ) -> Batch:
         """The next training batch, generated asynchronously within the staleness bound."""
         ...
+
+
+@runtime_checkable
+class InferenceEngine(GenerationEngine, WeightSyncTarget, RolloutRunner, Protocol):
+    """The rollout client (`RemoteSGLangEngine`) as one type: all three audiences' verbs."""
 
 
 @runtime_checkable
@@ -155,7 +171,7 @@ class RolloutWorkflow(ABC):
     """
 
     @abstractmethod
-    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
+    async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
         """Run one episode on `data` and return its trajectory, or None to reject it.
 
         The trajectory is a dict of `[G, T]` tensors with `input_ids, attention_mask,

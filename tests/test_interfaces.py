@@ -11,7 +11,14 @@ import inspect
 import pytest
 
 from arealite.data.feed import TaggedWorkflow
-from arealite.interfaces import InferenceEngine, RolloutWorkflow, TrainEngine
+from arealite.interfaces import (
+    GenerationEngine,
+    InferenceEngine,
+    RolloutRunner,
+    RolloutWorkflow,
+    TrainEngine,
+    WeightSyncTarget,
+)
 from arealite.rollout import RemoteSGLangEngine
 from arealite.train import PPOActor, PPOCritic, ReferenceModel
 from arealite.train.engine import FSDPEngine
@@ -19,8 +26,12 @@ from arealite.workflow import MultiTurnWorkflow, RLVRWorkflow, ToolUseWorkflow
 
 
 def _members(protocol: type) -> dict[str, object]:
-    """The Protocol's own methods and properties (not typing's machinery)."""
-    own = {k: v for k, v in vars(protocol).items() if not k.startswith("_")}
+    """The Protocol's methods and properties, its bases' included (not typing's machinery)."""
+    own = {}
+    for cls in reversed(protocol.__mro__):
+        if cls is not protocol and not getattr(cls, "_is_protocol", False):
+            continue
+        own.update({k: v for k, v in vars(cls).items() if not k.startswith("_")})
     return {k: v for k, v in own.items() if callable(v) or isinstance(v, property)}
 
 
@@ -55,6 +66,9 @@ def _check(protocol: type, impl: type) -> list[str]:
     "protocol, impl",
     [
         (InferenceEngine, RemoteSGLangEngine),
+        (GenerationEngine, RemoteSGLangEngine),
+        (WeightSyncTarget, RemoteSGLangEngine),
+        (RolloutRunner, RemoteSGLangEngine),
         (TrainEngine, FSDPEngine),
         (TrainEngine, PPOActor),
         (TrainEngine, PPOCritic),
@@ -67,14 +81,28 @@ def test_implementation_has_every_member_with_the_same_parameters(protocol, impl
 
 
 @pytest.mark.parametrize(
-    "protocol, method", [(TrainEngine, FSDPEngine.initialize), (InferenceEngine, RemoteSGLangEngine.__init__)]
+    "protocol, method",
+    [
+        (TrainEngine, FSDPEngine.initialize),
+        (InferenceEngine, RemoteSGLangEngine.__init__),
+        (RolloutRunner, RemoteSGLangEngine.__init__),
+    ],
 )
 def test_protocol_attributes_are_set_by_the_implementation(protocol, method):
     """Data members (`device`, `compute_dtype`, `config`) are instance attributes set by these methods."""
     source = inspect.getsource(method)
-    assert protocol.__annotations__
-    for name in protocol.__annotations__:
+    names = {k for cls in protocol.__mro__ for k in vars(cls).get("__annotations__", {})}
+    assert names
+    for name in names:
         assert f"self.{name} =" in source, name
+
+
+def test_inference_engine_is_the_three_audiences():
+    """Each audience's Protocol is small, and InferenceEngine is exactly their union."""
+    parts = [GenerationEngine, WeightSyncTarget, RolloutRunner]
+    assert set(_members(InferenceEngine)) == set().union(*(_members(p) for p in parts))
+    assert len(_members(GenerationEngine)) == 2
+    assert "agenerate" not in _members(WeightSyncTarget) and "agenerate" not in _members(RolloutRunner)
 
 
 def test_check_catches_a_drifted_signature():

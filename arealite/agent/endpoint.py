@@ -35,7 +35,7 @@ from aiohttp import web
 
 from arealite.chat import ChatClient
 from arealite.config import GenerationHyperparameters
-from arealite.interfaces import InferenceEngine
+from arealite.interfaces import GenerationEngine
 
 SESSION_HEADER = "X-Session-Id"
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -64,7 +64,7 @@ class AgentEndpoint:
 
     def __init__(
         self,
-        engine: InferenceEngine,
+        engine: GenerationEngine,
         tokenizer: Any,
         gconfig: GenerationHyperparameters,
         host: str = "127.0.0.1",

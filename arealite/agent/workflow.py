@@ -37,7 +37,7 @@ from typing import Any
 
 from arealite.agent.endpoint import AgentEndpoint, AgentSession
 from arealite.config import GenerationHyperparameters
-from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
+from arealite.interfaces import GenerationEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import concat_padded
 from arealite.workflow.scoring import Scorer
@@ -76,7 +76,7 @@ class AgentProgramWorkflow(RolloutWorkflow):
         self.last_failure = ""
         self._starting = asyncio.Lock()
 
-    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
+    async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
         endpoint = await self._endpoint(engine)
         group_id = uuid.uuid4().hex  # one server for the whole group (prefix reuse)
         version = engine.get_version()
@@ -89,7 +89,7 @@ class AgentProgramWorkflow(RolloutWorkflow):
             return None
         return concat_padded(results)
 
-    async def _endpoint(self, engine: InferenceEngine) -> AgentEndpoint:
+    async def _endpoint(self, engine: GenerationEngine) -> AgentEndpoint:
         async with self._starting:
             if self.endpoint is None:
                 endpoint = AgentEndpoint(engine, self.tokenizer, self.gconfig, self.host)

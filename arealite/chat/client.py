@@ -36,7 +36,7 @@ from typing import Any
 from arealite.chat.record import CompletionRecord, conversation_trajectory
 from arealite.chat.template import check_tools, continuation_ids, parse_tool_calls, render_prompt, template_message
 from arealite.config import GenerationHyperparameters
-from arealite.interfaces import InferenceEngine
+from arealite.interfaces import GenerationEngine
 from arealite.types import ModelRequest, ModelResponse
 
 _UNSUPPORTED = {  # accepted by OpenAI, refused here unless left at their default
@@ -53,7 +53,7 @@ _IGNORED = ("user", "metadata", "store", "service_tier", "extra_headers", "extra
 
 
 class ChatClient:
-    """OpenAI-style `chat.completions.create` over an `InferenceEngine`, recording every completion.
+    """OpenAI-style `chat.completions.create` over a `GenerationEngine`, recording every completion.
 
     `engine` offers `await engine.agenerate(ModelRequest)` (the rollout client). `gconfig`
     holds the default sampling settings; `create`'s `temperature`, `top_p`, `max_tokens`,
@@ -63,7 +63,7 @@ class ChatClient:
 
     def __init__(
         self,
-        engine: InferenceEngine,
+        engine: GenerationEngine,
         tokenizer: Any,
         gconfig: GenerationHyperparameters | None = None,
         group_id: str | None = None,

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from arealite import world
-from arealite.interfaces import AcceptFn, InferenceEngine, RolloutWorkflow, Trajectory
+from arealite.interfaces import AcceptFn, GenerationEngine, RolloutWorkflow, Trajectory
 
 INDEX_KEY = "prompt_index"  # per-sequence [B] tensor: which handed-out prompt a row came from
 
@@ -116,7 +116,7 @@ class TaggedWorkflow(RolloutWorkflow):
         self.feed = feed
         self.should_accept = should_accept
 
-    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
+    async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
         inner = {k: v for k, v in data.items() if k != INDEX_KEY}
         traj = await self.workflow.arun_episode(engine, inner)
         if traj is not None and self.should_accept is not None and not self.should_accept(traj):

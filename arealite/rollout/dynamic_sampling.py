@@ -37,7 +37,7 @@ from itertools import chain, repeat
 from typing import Any
 
 from arealite.data.feed import INDEX_KEY, DataFeed
-from arealite.interfaces import Batch, InferenceEngine, RolloutWorkflow
+from arealite.interfaces import Batch, RolloutRunner, RolloutWorkflow
 from arealite.rollout.batch import concat_padded
 
 MAX_SAMPLED_BATCHES = 8  # a step samples at most this many batches' worth of prompts looking for signal
@@ -91,7 +91,7 @@ class DynamicSampler:
         out += [next(self._stream) for _ in range(n - len(out))]
         return out
 
-    def next_batch(self, rollout: InferenceEngine, workflow: RolloutWorkflow) -> Batch:
+    def next_batch(self, rollout: RolloutRunner, workflow: RolloutWorkflow) -> Batch:
         """One batch of groups whose rewards differ (see the bound above), sampled at the current weights."""
         batch_size = self.batch_size
         kept: list[Batch] = []

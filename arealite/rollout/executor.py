@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arealite.config import InferenceEngineConfig
-from arealite.interfaces import AcceptFn, Batch, InferenceEngine, RolloutWorkflow, Trajectory
+from arealite.interfaces import AcceptFn, Batch, GenerationEngine, RolloutWorkflow, Trajectory
 from arealite.rollout.batch import concat_padded
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.loop import EventLoopThread
@@ -79,7 +79,7 @@ def _as_records(batch: Any) -> list[dict[str, Any]]:
 class WorkflowExecutor:
     """Schedules workflow episodes. See the module docstring.
 
-    `engine` is what the workflows generate with (the rollout client, as an InferenceEngine);
+    `engine` is what the workflows generate with (the rollout client, as a GenerationEngine);
     `gate` holds the version and pause state the bounds read; `diagnose(snapshot, idle)` writes
     the stall diagnostic (watchdog.Diagnosis).
     """
@@ -89,7 +89,7 @@ class WorkflowExecutor:
         config: InferenceEngineConfig,
         gate: VersionGate,
         loop: EventLoopThread,
-        engine: InferenceEngine,
+        engine: GenerationEngine,
         diagnose: Callable[[dict[str, Any], float], Awaitable[str]],
     ) -> None:
         self.config = config

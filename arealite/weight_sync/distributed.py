@@ -18,7 +18,7 @@ kept group fails: a server that comes back after missing a broadcast waits out o
 rejoins.
 
 Every trainer rank runs `broadcast_weights` (gathering full parameters is collective); only
-rank 0 talks to the servers (through the rollout client, an InferenceEngine), and it tells
+rank 0 talks to the servers (through the rollout client, an WeightSyncTarget), and it tells
 the others whether to go again. Rank 0's end of the groups is a `Groups` (owned by WeightSync).
 """
 
@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from arealite import world
-from arealite.interfaces import InferenceEngine
+from arealite.interfaces import WeightSyncTarget
 from arealite.types import WeightUpdateMeta
 from arealite.utils import net
 from arealite.weight_sync.group import WeightBroadcastError, init_custom_process_group, release_store
@@ -73,12 +73,12 @@ class Groups:
             self.destroy(name)
 
 
-def _abandon(groups: Groups, rollout: InferenceEngine, meta: WeightUpdateMeta) -> None:
+def _abandon(groups: Groups, rollout: WeightSyncTarget, meta: WeightUpdateMeta) -> None:
     groups.destroy(meta.group_name)
     rollout.leave_weights_update_group()
 
 
-def ensure_group(groups: Groups, rollout: InferenceEngine, meta: WeightUpdateMeta) -> WeightUpdateMeta:
+def ensure_group(groups: Groups, rollout: WeightSyncTarget, meta: WeightUpdateMeta) -> WeightUpdateMeta:
     """Rank 0: `meta` with the group of the servers now alive, building one if needed.
 
     A server that fails to join (dead, or the rendezvous timed out) is excluded and the
@@ -118,7 +118,7 @@ def ensure_group(groups: Groups, rollout: InferenceEngine, meta: WeightUpdateMet
 
 
 def _settle(
-    groups: Groups, rollout: InferenceEngine, meta: WeightUpdateMeta, future, broadcast_error: Exception | None,
+    groups: Groups, rollout: WeightSyncTarget, meta: WeightUpdateMeta, future, broadcast_error: Exception | None,
     fresh: bool,
 ) -> tuple[int, str]:  # fmt: skip
     """Rank 0, after one attempt: wait for the servers' calls, exclude the dead, decide.
@@ -153,7 +153,7 @@ def _settle(
 
 
 def broadcast_weights(
-    groups: Groups, rollout: InferenceEngine, meta: WeightUpdateMeta, upload: Callable[[WeightUpdateMeta], None]
+    groups: Groups, rollout: WeightSyncTarget, meta: WeightUpdateMeta, upload: Callable[[WeightUpdateMeta], None]
 ) -> None:
     """Push the actor's weights to every live server by broadcast; collective over trainer ranks.
 

@@ -27,7 +27,7 @@ import shutil
 from collections.abc import Callable
 
 from arealite import world
-from arealite.interfaces import InferenceEngine, TrainEngine
+from arealite.interfaces import TrainEngine, WeightSyncTarget
 from arealite.types import WeightUpdateMeta
 from arealite.utils import net
 from arealite.weight_sync.buckets import WeightSpec, broadcast_buckets, weight_buckets
@@ -51,7 +51,7 @@ class WeightSync:
     def __init__(
         self,
         actor: TrainEngine,
-        rollout: InferenceEngine,
+        rollout: WeightSyncTarget,
         mode: str = "disk",
         run_dir: str = "",
         keep_versions: int = 3,

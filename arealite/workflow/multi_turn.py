@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from arealite.config import GenerationHyperparameters
-from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
+from arealite.interfaces import GenerationEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest
@@ -79,7 +79,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
         self.stop_ids = stop_token_ids(tokenizer, gconfig)
 
-    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
+    async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
         messages = data.get("messages") or [{"role": "user", "content": data["prompt"]}]
         group_id = uuid.uuid4().hex
         results = await asyncio.gather(
@@ -103,7 +103,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         return traj
 
     async def _converse(
-        self, engine: InferenceEngine, messages: list[dict[str, str]], data: dict[str, Any], group_id: str
+        self, engine: GenerationEngine, messages: list[dict[str, str]], data: dict[str, Any], group_id: str
     ) -> tuple[_Conversation, float] | None:
         conv = _Conversation(prompt_ids=encode_messages(self.tokenizer, messages))
         for turn in range(self.max_turns):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from arealite.config import GenerationHyperparameters
-from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
+from arealite.interfaces import GenerationEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest, ModelResponse
@@ -48,7 +48,7 @@ class RLVRWorkflow(RolloutWorkflow):
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
         self.stop_ids = stop_token_ids(tokenizer, gconfig)
 
-    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
+    async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
         prompt_ids = encode_prompt(self.tokenizer, data)
         group_id = uuid.uuid4().hex  # one server for the whole group
         # with gconfig.sampling_seed set, sample i gets a seed of its own (reproducible runs)

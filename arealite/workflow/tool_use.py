@@ -30,7 +30,7 @@ import torch
 from arealite.chat import ChatClient
 from arealite.chat.template import render_prompt
 from arealite.config import GenerationHyperparameters
-from arealite.interfaces import InferenceEngine, RewardFn, RolloutWorkflow, Trajectory
+from arealite.interfaces import GenerationEngine, RewardFn, RolloutWorkflow, Trajectory
 from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import concat_padded
 from arealite.workflow.scoring import Scorer
@@ -72,7 +72,7 @@ class ToolUseWorkflow(RolloutWorkflow):
         pool = reward_pool or RewardPool(max_workers=2, timeout=reward_timeout)
         self.scorer = Scorer(reward_fn, pool, on_reward_error, self.stats)
 
-    async def arun_episode(self, engine: InferenceEngine, data: dict[str, Any]) -> Trajectory | None:
+    async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
         messages = data.get("messages") or [{"role": "user", "content": data["prompt"]}]
         group_id = uuid.uuid4().hex  # one server for the whole group
         prompt_ids = render_prompt(self.tokenizer, messages, self.schemas)
@@ -93,7 +93,7 @@ class ToolUseWorkflow(RolloutWorkflow):
 
     async def _agent(
         self,
-        engine: InferenceEngine,
+        engine: GenerationEngine,
         messages: list[Any],
         data: dict[str, Any],
         group_id: str,
