@@ -1,16 +1,11 @@
 """`WorkflowExecutor`: runs rollout workflows on the engine's event loop under a staleness bound.
 
-Staleness (docs/architecture.md §3.2, as in AReaL): with `max_head_offpolicyness = k`, batch size `B` and
-current version `v`, a queued episode may start only while
-
-    accepted + running < (k + (v - v0) + 1) * B        (v0: the version when counting began)
-
-so batch n (trained at version v0 + n) only holds episodes started at version >= v0 + n - k.
-Episodes can finish out of order, so `wait()` also checks each trajectory's `versions`: one
-whose oldest token is more than k versions behind the current version is not returned but
-re-queued to be generated afresh (counted in `stats["stale_requeued"]`). `k = 0` is fully
-synchronous. `max_concurrent_rollouts` bounds episodes in flight; a full queue only delays
-submissions (back-pressure), never raises.
+Queued episodes start as the staleness budget allows (staleness.py). Episodes can finish out
+of order, so `wait()` also checks each trajectory's `versions`: one whose oldest token is
+more than k versions behind the current version is not returned but re-queued to be
+generated afresh (counted in `stats["stale_requeued"]`). `k = 0` is fully synchronous.
+`max_concurrent_rollouts` bounds episodes in flight; a full queue only delays submissions
+(back-pressure), never raises.
 
 Two ways in:
 - `submit` + `wait` / `prepare_batch`: the asynchronous queue above.
@@ -34,13 +29,14 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from arealite.config import InferenceEngineConfig
 from arealite.interfaces import AcceptFn, Batch, GenerationEngine, RolloutWorkflow, Trajectory
 from arealite.rollout.batch import concat_padded
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.loop import EventLoopThread
+from arealite.rollout.staleness import StalenessBudget
 from arealite.rollout.watchdog import RolloutStalledError, Watchdog, report_stall
 
 _WAIT_SLICE = 0.5  # seconds prepare_batch waits before topping up the queue again
@@ -58,6 +54,14 @@ class _Episode:
     should_accept: AcceptFn | None
     ticket: asyncio.Future | None = None  # rollout_batch: where the result goes
     started: float = 0.0  # monotonic time the episode started running
+
+
+class _Ready(NamedTuple):
+    """An accepted trajectory waiting for `wait`, with the version of its oldest token."""
+
+    episode: _Episode
+    trajectory: Trajectory
+    oldest: int | None
 
 
 def _oldest_version(traj: Trajectory) -> int | None:
@@ -97,23 +101,25 @@ class WorkflowExecutor:
         self._gate = gate
         self._loop = loop
         self._diagnose = diagnose
-        self.batch_size: int | None = config.consumer_batch_size
+        self.budget = StalenessBudget(config.max_head_offpolicyness, config.consumer_batch_size)
         self._lock = threading.Condition()
         self._queued: deque[_Episode] = deque()  # submitted, waiting for capacity
-        self._ready: deque[tuple[_Episode, Trajectory, int | None]] = (
-            deque()
-        )  # accepted: (episode, trajectory, oldest version)
+        self._ready: deque[_Ready] = deque()  # accepted, waiting for `wait`
         self._sync: deque[_Episode] = deque()  # rollout_batch episodes, waiting for concurrency
         self._tasks: dict[asyncio.Task, _Episode] = {}  # running episodes
         self.watchdog = Watchdog(config.stall_timeout)
-        self._running_queued = 0  # started from _queued and not finished
-        self._accepted = 0  # accepted since counting began (the staleness budget's usage)
-        self._base_version: int | None = None
-        self._error: BaseException | None = None
-        self._failure: BaseException | None = None  # reported by `report`
+        self._failure: BaseException | None = None  # the next wait / rollout_batch raises it
         self._data_iter: Any = None
         self._dataloader: Any = None
         self.stats: dict[str, int] = {"submitted": 0, "accepted": 0, "rejected": 0, "stale_requeued": 0, "failed": 0}
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.budget.batch_size
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:
+        self.budget.batch_size = value
 
     # ---- capacity (event loop thread) ----------------------------------------------------
 
@@ -123,13 +129,7 @@ class WorkflowExecutor:
     def _capacity(self) -> int:
         limit = self._concurrency_limit()
         free = (limit - len(self._tasks)) if limit else 1 << 30
-        if self.batch_size is None:
-            return free
-        version = self._gate.version
-        if self._base_version is None:
-            self._base_version = version
-        budget = (self.config.max_head_offpolicyness + version - self._base_version + 1) * self.batch_size
-        return min(free, budget - self._accepted - self._running_queued)
+        return min(free, self.budget.room(self._gate.version))
 
     def schedule(self) -> None:
         """Start every episode the bounds allow. Runs on the loop; call it after any change."""
@@ -141,7 +141,7 @@ class WorkflowExecutor:
             while self._sync and (not limit or len(self._tasks) < limit):
                 self._start(loop, self._sync.popleft())
             while self._queued and self._capacity() > 0:
-                self._running_queued += 1
+                self.budget.start()
                 self._start(loop, self._queued.popleft())
 
     def _start(self, loop: asyncio.AbstractEventLoop, episode: _Episode) -> None:
@@ -174,16 +174,16 @@ class WorkflowExecutor:
                 else:
                     episode.ticket.set_result(traj)
             else:
-                self._running_queued -= 1
-                if error is not None and self._error is None:
-                    self._error = RolloutWorkflowError(
+                self.budget.finish(accepted=traj is not None)
+                if error is not None:
+                    failure = RolloutWorkflowError(
                         f"workflow {type(episode.workflow).__name__} failed on data id={episode.data.get('id')!r}: "
                         f"{error}"
                     )
-                    self._error.__cause__ = error
+                    failure.__cause__ = error
+                    self._failure = self._failure or failure
                 elif traj is not None:
-                    self._accepted += 1
-                    self._ready.append((episode, traj, _oldest_version(traj)))
+                    self._ready.append(_Ready(episode, traj, _oldest_version(traj)))
             self._lock.notify_all()
         self.schedule()
 
@@ -211,13 +211,12 @@ class WorkflowExecutor:
 
     def _pop_stale(self) -> None:
         """Re-queue ready trajectories that fell more than k versions behind (lock held)."""
-        bound = self._gate.version - self.config.max_head_offpolicyness
+        version = self._gate.version
         fresh = deque()
         for item in self._ready:
-            oldest = item[2]
-            if oldest is not None and oldest < bound:
-                self._accepted -= 1
-                self._queued.appendleft(item[0])
+            if self.budget.is_stale(item.oldest, version):
+                self.budget.requeue()
+                self._queued.appendleft(item.episode)
                 self.stats["stale_requeued"] += 1
             else:
                 fresh.append(item)
@@ -227,14 +226,14 @@ class WorkflowExecutor:
 
     def report(self, error: BaseException) -> None:
         """Have the consumer's next (or current) `wait` / `rollout_batch` raise `error`: a
-        failure of a call nobody waits on (`resume(wait=False)`)."""
+        failure of a call nobody waits on (`resume(wait=False)`). The first failure wins."""
         with self._lock:
             if self._failure is None:
                 self._failure = error
             self._lock.notify_all()
 
     def _take_failure(self) -> BaseException | None:
-        """(lock held) The reported failure, once."""
+        """(lock held) The first failure (reported, or a queued workflow's), once."""
         error, self._failure = self._failure, None
         return error
 
@@ -266,13 +265,10 @@ class WorkflowExecutor:
             failure = self._take_failure()
             if failure is not None:
                 raise failure
-            if self._error is not None:
-                error, self._error = self._error, None
-                raise error
             if len(self._ready) >= count:
                 self._pop_stale()  # only when about to return: it scans every ready trajectory
             if len(self._ready) >= count:
-                return [self._ready.popleft()[1] for _ in range(count)]
+                return [self._ready.popleft().trajectory for _ in range(count)]
             now = time.monotonic()
             if now >= deadline:
                 raise TimeoutError(f"wait(count={count}) timed out after {timeout}s with {len(self._ready)} ready")
@@ -288,13 +284,13 @@ class WorkflowExecutor:
             limit = self._concurrency_limit()
             free = (limit - len(self._tasks)) if limit else None
             version = self._gate.version
-            base = version if self._base_version is None else self._base_version
+            base = version if self.budget.base_version is None else self.budget.base_version
             oldest = min(self._tasks.values(), key=lambda e: e.started, default=None)
             return {
                 "queued": len(self._queued), "sync_waiting": len(self._sync), "running": len(self._tasks),
                 "ready": len(self._ready), "free": "unbounded" if free is None else free, "version": version,
                 "base": base, "k": self.config.max_head_offpolicyness, "batch_size": self.batch_size,
-                "accepted": self._accepted, "running_queued": self._running_queued,
+                "accepted": self.budget.accepted, "running_queued": self.budget.running,
                 "capacity": self._capacity() if self.batch_size is not None else None,
                 "oldest": None if oldest is None else (
                     oldest.data.get("id"), type(oldest.workflow).__name__, time.monotonic() - oldest.started),

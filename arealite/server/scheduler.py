@@ -31,6 +31,37 @@ from arealite.server.sampling import apply_penalties, sample
 logger = logging.getLogger("arealite.server")
 
 
+# The commands the HTTP thread queues for the scheduler thread.
+@dataclass(frozen=True)
+class _Submit:
+    req: Req
+
+
+@dataclass(frozen=True)
+class _Abort:
+    rid: str
+    abort_all: bool
+
+
+@dataclass(frozen=True)
+class _Pause:
+    mode: str  # in_place | retract
+    done: Future  # resolved once applied
+
+
+@dataclass(frozen=True)
+class _Resume:
+    pass
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+_Command = _Submit | _Abort | _Pause | _Resume | _Stop
+
+
 @dataclass
 class SchedulerLimits:
     max_running_requests: int = 64
@@ -53,7 +84,7 @@ class Scheduler:
         self.paused = False
         self.last_beat = time.monotonic()
         self.decode_steps = 0
-        self._commands: queue.Queue = queue.Queue()
+        self._commands: queue.Queue[_Command] = queue.Queue()
         self._stop = False
         self._admitting: list[Req] = []  # popped from `waiting`, not yet in `running`
         self._thread = threading.Thread(target=self._loop, name="arealite-scheduler", daemon=True)
@@ -63,26 +94,26 @@ class Scheduler:
         self._thread.start()
 
     def stop(self) -> None:
-        self._commands.put(("stop",))
+        self._commands.put(_Stop())
         self._thread.join(timeout=10)
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
     def submit(self, req: Req) -> None:
-        self._commands.put(("submit", req))
+        self._commands.put(_Submit(req))
 
     def abort(self, rid: str = "", abort_all: bool = False) -> None:
-        self._commands.put(("abort", rid, abort_all))
+        self._commands.put(_Abort(rid, abort_all))
 
     def pause(self, mode: str) -> Future:
         """Stop stepping (`in_place`) or also drop KV (`retract`); the future resolves once applied."""
         done: Future = Future()
-        self._commands.put(("pause", mode, done))
+        self._commands.put(_Pause(mode, done))
         return done
 
     def resume(self) -> None:
-        self._commands.put(("resume",))
+        self._commands.put(_Resume())
 
     @property
     def num_requests(self) -> int:
@@ -135,22 +166,22 @@ class Scheduler:
             except queue.Empty:
                 return
 
-    def _apply(self, cmd: tuple) -> None:
-        kind = cmd[0]
-        if kind == "submit":
-            self.waiting.append(cmd[1])
-        elif kind == "abort":
-            self._abort(cmd[1], cmd[2])
-        elif kind == "pause":
-            self.paused = True
-            if cmd[1] == "retract":
-                self._retract_all()
-            if not cmd[2].done():  # the waiting HTTP call may have gone away
-                cmd[2].set_result(None)
-        elif kind == "resume":
-            self.paused = False
-        elif kind == "stop":
-            self._stop = True
+    def _apply(self, cmd: _Command) -> None:
+        match cmd:
+            case _Submit(req):
+                self.waiting.append(req)
+            case _Abort(rid, abort_all):
+                self._abort(rid, abort_all)
+            case _Pause(mode, done):
+                self.paused = True
+                if mode == "retract":
+                    self._retract_all()
+                if not done.done():  # the waiting HTTP call may have gone away
+                    done.set_result(None)
+            case _Resume():
+                self.paused = False
+            case _Stop():
+                self._stop = True
 
     def _abort(self, rid: str, abort_all: bool) -> None:
         keep_waiting = deque()
