@@ -27,10 +27,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import json
+import logging
 import os
 import re
 import signal
-import sys
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +42,8 @@ from arealite.reward.pool import RewardPool
 from arealite.rollout.batch import concat_padded
 from arealite.workflow.scoring import Scorer
 from arealite.workflow.seeding import sample_seed
+
+logger = logging.getLogger("arealite.agent")
 
 _REWARD_LINE = re.compile(r"^\s*reward\s*=\s*(\S+)\s*$")
 _FAILURES = ("agent_timeouts", "agent_crashes", "agent_no_completion", "agent_no_reward")
@@ -161,7 +163,7 @@ class AgentProgramWorkflow(RolloutWorkflow):
         self.stats[counter] += 1
         errors = f" (its 4xx answers: {session.errors[-3:]})" if session.errors else ""
         self.last_failure = f"{counter}{errors}: {output[-2000:]}"
-        print(f"[agent] sample rejected, {self.last_failure[:500]}", file=sys.stderr, flush=True)
+        logger.warning("sample rejected, %s", self.last_failure[:500])
         return None
 
     async def aclose(self) -> None:

@@ -36,14 +36,10 @@ from arealite.data.packing import Batch, pack, unpack
 
 def overlong_penalty(loss_mask: torch.Tensor, config: PPOActorConfig, max_new_tokens: int) -> torch.Tensor:
     """DAPO's soft overlong penalty [B] (<= 0): linear from 0 at (budget - overlong_tokens)
-    generated tokens to -overlong_penalty_factor at the budget; 0 when the penalty is off."""
+    generated tokens to -overlong_penalty_factor at the budget; 0 when the penalty is off.
+    GRPOConfig checks at load that `overlong_tokens <= max_new_tokens`."""
     if not config.overlong_tokens:
         return torch.zeros(loss_mask.shape[0], device=loss_mask.device)
-    if config.overlong_tokens > max_new_tokens:
-        raise ValueError(
-            f"actor.overlong_tokens={config.overlong_tokens} exceeds the generation budget "
-            f"gconfig.max_new_tokens={max_new_tokens}; lower it"
-        )
     free = max_new_tokens - config.overlong_tokens
     excess = (loss_mask.sum(-1).float() - free).clamp(min=0.0)
     return -config.overlong_penalty_factor * (excess / config.overlong_tokens).clamp(max=1.0)

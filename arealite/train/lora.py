@@ -78,10 +78,6 @@ def is_adapter_parameter(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
-def has_adapter(model: torch.nn.Module) -> bool:
-    return any(is_adapter_parameter(name) for name, _ in model.named_parameters())
-
-
 def saved_name(name: str) -> str:
     """A model parameter's name -> peft's saved name (`...q_proj.lora_A.default.weight` ->
     `base_model.model....q_proj.lora_A.weight`)."""
