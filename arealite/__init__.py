@@ -9,8 +9,9 @@ something unusual stay in their subpackages.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from arealite.utils.imports import lazy_exports
 
 # public name -> the module that defines it (one home per name)
 _EXPORTS = {
@@ -64,18 +65,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'arealite' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run __getattr__
     from arealite.config import GRPOConfig, load_config, save_config

@@ -56,38 +56,22 @@ class Transport:
         """
         if self._session is None:
             raise RuntimeError("the rollout client is not initialized; call initialize() or use it in a with block")
-        return await request(self._session, method, address, path, body, timeout, rid, setting)
-
-
-async def request(
-    session: aiohttp.ClientSession,
-    method: str,
-    address: str,
-    path: str,
-    body: dict[str, Any] | None = None,
-    timeout: float | None = None,
-    rid: str = "",
-    setting: str = "",
-) -> tuple[int, Any]:
-    """Send one request; return (status, parsed JSON or text). Raises TransientServerError.
-
-    `setting` names the config field `timeout` comes from, so a timeout says what to raise.
-    """
-    url = f"http://{address}{path}"
-    client_timeout = aiohttp.ClientTimeout(total=timeout)
-    try:
-        async with session.request(method, url, json=body, timeout=client_timeout) as resp:
-            raw = await resp.read()
-            status = resp.status
-    except asyncio.TimeoutError as e:
-        hint = f"; raise {setting} if the server is only slow" if setting else ""
-        raise TransientServerError(f"{method} {path} timed out after {timeout}s{hint}", address, rid) from e
-    except aiohttp.ClientError as e:
-        raise TransientServerError(f"{method} {path} failed: {type(e).__name__}: {e}", address, rid) from e
-    try:
-        parsed: Any = json.loads(raw) if raw else None
-    except ValueError:
-        parsed = raw.decode("utf-8", "replace")
-    if status >= 500:
-        raise TransientServerError(f"{method} {path} returned {status}: {error_message(parsed)}", address, rid)
-    return status, parsed
+        session = self._session
+        url = f"http://{address}{path}"
+        client_timeout = aiohttp.ClientTimeout(total=timeout)
+        try:
+            async with session.request(method, url, json=body, timeout=client_timeout) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except asyncio.TimeoutError as e:
+            hint = f"; raise {setting} if the server is only slow" if setting else ""
+            raise TransientServerError(f"{method} {path} timed out after {timeout}s{hint}", address, rid) from e
+        except aiohttp.ClientError as e:
+            raise TransientServerError(f"{method} {path} failed: {type(e).__name__}: {e}", address, rid) from e
+        try:
+            parsed: Any = json.loads(raw) if raw else None
+        except ValueError:
+            parsed = raw.decode("utf-8", "replace")
+        if status >= 500:
+            raise TransientServerError(f"{method} {path} returned {status}: {error_message(parsed)}", address, rid)
+        return status, parsed

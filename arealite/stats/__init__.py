@@ -7,8 +7,9 @@ Names load on first use, so reading a run's `stats.jsonl` (plots) does not impor
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from arealite.utils.imports import lazy_exports
 
 _EXPORTS = {
     "StatsTracker": "arealite.stats.tracker",
@@ -20,13 +21,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'arealite.stats' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from arealite.stats.batch import batch_stats
