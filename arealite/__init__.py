@@ -24,11 +24,13 @@ _EXPORTS = {
     "load_records": "arealite.data.loader",
     "filter_by_prompt_length": "arealite.data.loader",
     "create_dataloader": "arealite.data.loader",
+    "train_dataloader": "arealite.data.loader",
     "DataFeed": "arealite.data.feed",
     "reward_fn_for": "arealite.eval.task",
     "held_out_records": "arealite.eval.task",
     # rollout
     "RemoteSGLangEngine": "arealite.rollout.remote_sglang",
+    "StepBatches": "arealite.rollout.step_batches",
     "DynamicSampler": "arealite.rollout.dynamic_sampling",
     "LockstepRollout": "arealite.rollout.lockstep",
     "RewardPool": "arealite.reward.pool",
@@ -47,6 +49,7 @@ _EXPORTS = {
     "StatsLogger": "arealite.stats.logger",
     "StatsTracker": "arealite.stats.tracker",
     "StepTimer": "arealite.stats.timer",
+    "RunSummary": "arealite.stats.summary",
     "batch_stats": "arealite.stats.batch",
     # writing your own parts
     "RolloutWorkflow": "arealite.interfaces",
@@ -70,7 +73,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run __getattr__
     from arealite.config import GRPOConfig, load_config, save_config
     from arealite.data.feed import DataFeed
-    from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records
+    from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records, train_dataloader
     from arealite.eval.evaluator import Evaluator
     from arealite.eval.task import held_out_records, reward_fn_for
     from arealite.interfaces import (
@@ -87,9 +90,11 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run
     from arealite.rollout.dynamic_sampling import DynamicSampler
     from arealite.rollout.lockstep import LockstepRollout
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
+    from arealite.rollout.step_batches import StepBatches
     from arealite.server.process import launch_server_process
     from arealite.stats.batch import batch_stats
     from arealite.stats.logger import StatsLogger
+    from arealite.stats.summary import RunSummary
     from arealite.stats.timer import StepTimer
     from arealite.stats.tracker import StatsTracker
     from arealite.train.actor import PPOActor

@@ -105,3 +105,13 @@ def create_dataloader(
         collate_fn=_identity_collate,
         generator=generator,
     )
+
+
+def train_dataloader(config: Any, tokenizer: Any, rank: int = 0, world_size: int = 1) -> StatefulDataLoader:
+    """The training prompts of a GRPOConfig (`train_dataset`, shuffled with `seed`), without
+    those over `max_prompt_tokens`, as this rank's loader (`create_dataloader`)."""
+    data = config.train_dataset
+    records = load_records(data, split="train", seed=config.seed)
+    if data.max_prompt_tokens:
+        records = filter_by_prompt_length(records, tokenizer, data.max_prompt_tokens)
+    return create_dataloader(records, data.batch_size, rank, world_size, data.shuffle, config.seed)

@@ -19,11 +19,12 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
     `versions`, `mixed_version_frac`: the fraction of responses whose tokens come from two or
     more weight versions (a weight sync landed mid-answer and generation went on); with the
     reference model's `ref_logp`, `kl_ref`: the sampled tokens' mean `logprobs - ref_logp`
-    (an estimate of KL(behaviour policy || reference)). Call it before `compute_advantages`,
-    which may drop truncated responses from `loss_mask`.
+    (an estimate of KL(behaviour policy || reference)). It reads the responses as the workflow
+    made them (`response_mask`, which `compute_advantages` keeps when it drops truncated
+    responses from `loss_mask`), so it may run before or after `compute_advantages`.
     """
     attn = batch["attention_mask"].bool()  # [B, T]
-    loss_mask = batch["loss_mask"].bool()  # [B, T]
+    loss_mask = response_mask(batch)  # [B, T]
     response_len = loss_mask.sum(-1).float()  # [B]
     tracker.masked_mean("reward", batch["rewards"].float())
     tracker.masked_mean("response_len", response_len)
@@ -58,10 +59,15 @@ def _quantiles(values: torch.Tensor, qs: tuple[float, ...]) -> list[float]:
     return [float(torch.searchsorted(cum, torch.tensor([q * float(cum[-1])], dtype=cum.dtype))) for q in qs]
 
 
+def response_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """[B, T] bool: the tokens the workflow marked as the model's (before any training cut)."""
+    return batch.get("response_mask", batch["loss_mask"]).bool()
+
+
 def _mixed_versions(batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """[B] bool: the row's generated tokens carry two or more weight versions."""
     versions = batch["versions"].long()  # [B, T], -1 where no token was generated
-    produced = batch["loss_mask"].bool() & (versions >= 0)
+    produced = response_mask(batch) & (versions >= 0)
     newest = versions.masked_fill(~produced, -1).amax(-1)
     oldest = versions.masked_fill(~produced, torch.iinfo(torch.long).max).amin(-1)
     return produced.any(-1) & (newest > oldest)

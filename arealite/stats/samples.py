@@ -28,7 +28,7 @@ def sample_rows(batch: dict[str, Any], tokenizer: Any, indices: list[int] | None
     for b in range(len(lengths)) if indices is None else indices:
         n = int(lengths[b])
         ids = tensors["input_ids"][b, :n].tolist()
-        trained = tensors["loss_mask"][b, :n].nonzero()
+        trained = tensors.get("response_mask", tensors["loss_mask"])[b, :n].nonzero()  # the completion's tokens
         start = int(trained[0, 0]) if len(trained) else n
         row: dict[str, Any] = {
             "prompt": tokenizer.decode(ids[:start], skip_special_tokens=False),

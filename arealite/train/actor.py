@@ -84,7 +84,8 @@ class PPOActor(FSDPEngine):
         """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it.
 
         With `mask_no_eos_with_zero` it also replaces `loss_mask` by one without the truncated
-        responses (so the critic's update skips them too).
+        responses (so the critic's update skips them too), keeping the workflow's mask as
+        `response_mask`, which the statistics read (`batch_stats` may run before or after).
 
         The estimate runs on the trainer's device (the Triton kernels on CUDA) and the results
         come back to the batch's device. Its wall time and backend land in the stats of the
@@ -102,6 +103,8 @@ class PPOActor(FSDPEngine):
         on_device = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         estimated = estimate_advantages(on_device, cfg, self.gconfig)
         result = {k: v.to(home) for k, v in estimated.items()}  # .to(home) waits for it
+        if "loss_mask" in result:
+            batch.setdefault("response_mask", batch["loss_mask"])
         batch.update(result)
         self._advantage_stats = {
             "time/advantages": time.perf_counter() - started,

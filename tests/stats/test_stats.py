@@ -148,3 +148,21 @@ def test_plot_writes_a_png_with_every_panel(tmp_path):
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_run_summary_prints_the_closing_lines():
+    from arealite.stats.summary import RunSummary
+
+    summary = RunSummary(asynchronous=True, window=2)
+    summary.add_eval(0, {"eval/pass@1": 0.25})
+    for step in range(3):
+        summary.add_step({"entropy": step, "truncated_frac": 0.5, "response_len_p50": 10 * step,
+                          "response_len_p95": 20, "mixed_version_frac": step / 4})  # fmt: skip
+    summary.add_eval(3, {"eval/pass@1": 0.75})
+    assert summary.lines() == [
+        "response_len_p50=15.0 response_len_p95=20.0",
+        "mixed_version_frac=0.2500",
+        "final_entropy=1.5000 truncated_frac=0.5000",
+        "eval_accuracy_before=0.2500 eval_accuracy_after=0.7500",
+    ]
+    assert RunSummary(asynchronous=False).lines() == []

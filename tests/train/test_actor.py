@@ -200,3 +200,23 @@ def test_advantage_stats_name_the_backend_and_time(actor):
     on_cuda = actor.device.type == "cuda"
     assert all(s["advantages/backend_triton"] == float(on_cuda) and s["time/advantages"] > 0 for s in stats)
     assert "time/advantages" not in actor.ppo_update(batch)[0]  # reported once, with the update it fed
+
+
+def test_batch_stats_are_the_same_before_and_after_compute_advantages(actor):
+    """compute_advantages cuts truncated responses from loss_mask but keeps what the statistics read."""
+    from arealite.stats.batch import batch_stats
+    from arealite.stats.samples import sample_rows
+    from arealite.stats.tracker import StatsTracker
+
+    batch = make_batch([9, 7, 8, 6], seed=23)
+    batch["truncated"] = torch.tensor([False, True, False, True])
+    batch["versions"] = torch.where(batch["loss_mask"].bool(), 0, -1)
+    before = batch_stats(StatsTracker(), batch, version=1)
+    workflow_mask = batch["loss_mask"].clone()
+    cut = PPOActor(PPOActorConfig(path="x", mask_no_eos_with_zero=True), GenerationHyperparameters(group_size=2))
+    cut.device, cut._advantage_stats = torch.device("cpu"), {}  # estimation only: no model needed
+    cut.compute_advantages(batch)
+    assert not batch["loss_mask"][1].any() and torch.equal(batch["response_mask"], workflow_mask)
+    assert batch_stats(StatsTracker(), batch, version=1) == before
+    shown = sample_rows(batch, tokenizer=type("T", (), {"decode": staticmethod(lambda ids, **_: len(ids))}))
+    assert [row["completion"] for row in shown] == [int(n) for n in workflow_mask.sum(-1)]
