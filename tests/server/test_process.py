@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from arealite.launcher.process import with_package_path
 from arealite.server.process import launch_server_process
 
 pytestmark = pytest.mark.timeout(180)
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["--torch-threads", "1", "--skip-server-warmup", "--log-level", "warning"]
 
 
@@ -47,7 +47,7 @@ def test_server_left_running_is_stopped_at_exit(tiny_model_dir):
         print("PID", server.proc.pid, flush=True)
         """
     )  # exits without stopping the server
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    env = with_package_path(None)
     proc = subprocess.run(
         [sys.executable, "-c", script, tiny_model_dir, *ARGS], env=env, capture_output=True, text=True, timeout=150
     )
