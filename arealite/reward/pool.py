@@ -21,10 +21,11 @@ import multiprocessing
 import os
 import pickle
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+from arealite.utils.parent_watch import watch_parent
 
 
 class RewardError(RuntimeError):
@@ -42,22 +43,9 @@ def _call(fn: Callable[..., float], args: tuple, kwargs: dict[str, Any]) -> floa
     return value
 
 
-PARENT_POLL_INTERVAL = 0.5  # seconds between a worker's checks that its parent is alive
-
-
-def _exit_when_orphaned(parent: int) -> None:
-    """Exit at once when `parent` is no longer this process's parent (it died: we were reparented).
-
-    Not PR_SET_PDEATHSIG: that fires when the parent *thread* that started the worker exits,
-    and pools are started from rollout threads that may end before the trainer does."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_INTERVAL)
-    os._exit(1)
-
-
 def _worker_init(parent: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # a reward never needs torch threads
-    threading.Thread(target=_exit_when_orphaned, args=(parent,), name="parent-watch", daemon=True).start()
+    watch_parent(parent, lambda: os._exit(1))
 
 
 def _ready() -> int:

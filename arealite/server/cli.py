@@ -23,6 +23,7 @@ from arealite.server.lora import AdapterSet
 from arealite.server.model_runner import DTYPES, MODEL_IMPLS, ModelRunner
 from arealite.server.scheduler import Scheduler, SchedulerLimits
 from arealite.server.state import ServerState
+from arealite.utils.parent_watch import parent_from_env, watch_parent
 
 # SGLang flags accepted for command-line compatibility; they do not change this server.
 IGNORED_VALUE_FLAGS = (
@@ -235,6 +236,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parent = parent_from_env()
+    if parent is not None:  # started by launch_server_process: stop (SIGTERM, graceful) once it is gone
+        watch_parent(parent, lambda: os.kill(os.getpid(), signal.SIGTERM))
     state = build_state(args)
     state.scheduler.start()
 

@@ -6,7 +6,8 @@
 The server binds a free loopback port, its output goes to a log file (`server.log_path`),
 and `launch_server_process` returns once `/health` answers 200. Leaving the `with` block
 stops the server, also on an error; a server never stopped is stopped when this Python
-process exits (a notebook kernel shutting down or restarting).
+process exits (a notebook kernel shutting down or restarting), and stops itself within a
+second when this process dies without stopping it (SIGKILL included).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 
 from arealite.utils.net import free_ports, probe
+from arealite.utils.parent_watch import PARENT_PID_ENV
 
 
 class ServerStartError(RuntimeError):
@@ -139,6 +141,7 @@ def launch_server_process(
     # Run the same checkout as the caller, whatever the cwd and whether or not it is installed.
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    full_env[PARENT_PID_ENV] = str(os.getpid())  # the server stops once this process is gone, even SIGKILLed
     full_env.update(env or {})
     cmd = [
         sys.executable,

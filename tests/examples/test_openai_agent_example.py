@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from arealite.config import GRPOConfig, load_config
+from arealite.launcher.process import with_package_path
 
 pytestmark = [pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(300)]
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,7 +25,7 @@ def test_openai_agent_example_runs_two_steps(tmp_path, tool_model_dir):
         "train_dataset.num_samples=64", "train_dataset.batch_size=2", "gconfig.group_size=2",
         "evaluator.num_samples=2", "stats_logger.plot=false",
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "arealite.launcher.local", "examples/openai_agent_grpo.py", "--config", CONFIG]
     proc = subprocess.run([*cmd, *overrides], env=env, capture_output=True, text=True, timeout=280, cwd=REPO_ROOT)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from arealite.config import ConfigError, GRPOConfig, load_config
+from arealite.launcher.process import with_package_path
 
 pytestmark = pytest.mark.timeout(300)
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,7 +24,7 @@ def test_tools_example_runs_two_steps(tmp_path, tool_model_dir):
         "train_dataset.num_samples=64", "train_dataset.batch_size=2", "gconfig.group_size=2",
         "evaluator.num_samples=4", "stats_logger.plot=false",
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "arealite.launcher.local", "examples/tools_grpo.py", "--config", CONFIG, *overrides]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=280, cwd=REPO_ROOT)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -1,7 +1,12 @@
 """GPU self-check, end to end: a few steps of the main job (examples/gsm8k_grpo.py through the
 local launcher) on CUDA with the built-in server beside the trainer on one GPU; the step
-stats say the advantages ran in Triton, and disk weight sync keeps only the newest versions.
-Skipped without CUDA.
+stats say the advantages ran in Triton and every step updated the weights, and disk weight
+sync keeps only the newest versions. Skipped without CUDA.
+
+The model is the random tiny one (no warm start), so the reward is the even-token fraction
+of each completion (tests/e2e/varied_reward.py): every group has reward variance from the
+first step, where the arithmetic reward of a random model is 0 everywhere and no update
+would have a gradient.
 
     python -m pytest -m cuda -q -s
 """
@@ -30,6 +35,7 @@ def test_main_job_few_steps_on_cuda_with_the_builtin_server(tmp_path, tiny_model
         f"fileroot={tmp_path}", "experiment_name=gpu", "trial_name=t", f"actor.path={tiny_model_dir}",
         "launcher.setup_commands=[]", "server.backend=builtin", f"total_train_steps={STEPS}",
         "evaluator.freq_steps=0", "weight_keep_versions=2", "stats_logger.plot=false",
+        "reward_fn=tests.e2e.varied_reward:even_token_fraction",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     run_dir = tmp_path / "gpu" / "t"

@@ -13,6 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from arealite.launcher.process import with_package_path
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAINER = str(Path(__file__).with_name("trainer_script.py"))
 
@@ -96,9 +98,7 @@ def launch(tmp_path):
     def _launch(
         kind: str, overrides: list[str], mode: str = "ok", options: tuple[str, ...] = (), env: dict | None = None
     ) -> LaunchedRun:
-        env = dict(
-            os.environ, OMP_NUM_THREADS="1", AREAL_TEST_TRAINER_MODE=mode, PYTHONPATH=str(REPO_ROOT), **(env or {})
-        )
+        env = dict(with_package_path(None), OMP_NUM_THREADS="1", AREAL_TEST_TRAINER_MODE=mode, **(env or {}))
         # the built-in server also on a GPU machine (server.backend=auto would pick SGLang there)
         args = [f"fileroot={tmp_path}", "experiment_name=launch", "trial_name=t", "server.backend=builtin", *overrides]
         cmd = [sys.executable, "-m", f"arealite.launcher.{kind}", *options, TRAINER, *args]

@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from arealite.config import GRPOConfig, load_config
+from arealite.launcher.process import with_package_path
 from tests.launcher.conftest import pid_alive
 
 pytestmark = pytest.mark.timeout(420)
@@ -42,7 +43,7 @@ def test_example_runs_two_steps(kind, tmp_path, tiny_model_dir):
         f"fileroot={tmp_path}", "trial_name=example", f"actor.path={tiny_model_dir}", "launcher.setup_commands=[]",
         "total_train_steps=2", "launcher.n_servers=2", "launcher.n_trainers=2", "evaluator.freq_steps=0",
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO_ROOT)
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", f"arealite.launcher.{kind}", EXAMPLE, "--config", CONFIG, *overrides]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400, cwd=REPO_ROOT)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

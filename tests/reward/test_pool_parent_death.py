@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from arealite.launcher.process import with_package_path
 from tests.launcher.conftest import pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +39,7 @@ time.sleep(600)
 
 
 def test_sigkilled_trainer_leaves_no_reward_worker_or_resource_tracker():
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
     trainer = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
     try:
         line = trainer.stdout.readline()

@@ -1,8 +1,9 @@
 """The server helper releases its process: on leaving a `with` block (errors included), and,
 for a server never stopped, when the Python process that started it exits (a notebook kernel
-shutting down)."""
+shutting down) or is SIGKILLed (the server's own parent watch)."""
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -10,10 +11,11 @@ import time
 
 import pytest
 
+from arealite.launcher.process import with_package_path
 from arealite.server.process import launch_server_process
+from arealite.utils.parent_watch import parent_from_env
 
 pytestmark = pytest.mark.timeout(180)
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARGS = ["--torch-threads", "1", "--skip-server-warmup", "--log-level", "warning"]
 
 
@@ -47,10 +49,80 @@ def test_server_left_running_is_stopped_at_exit(tiny_model_dir):
         print("PID", server.proc.pid, flush=True)
         """
     )  # exits without stopping the server
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT)
+    env = with_package_path(None)
     proc = subprocess.run(
         [sys.executable, "-c", script, tiny_model_dir, *ARGS], env=env, capture_output=True, text=True, timeout=150
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     pid = int(proc.stdout.split("PID", 1)[1].split()[0])
     assert _gone(pid), f"server {pid} outlived the process that started it"
+
+
+def test_server_stops_itself_when_its_starter_is_sigkilled(tiny_model_dir):
+    """No atexit runs after a SIGKILL: the server's own parent watch (AREALITE_PARENT_PID, set by
+    launch_server_process) must end it. Interrupted test runs once left such servers behind."""
+    script = textwrap.dedent(
+        """
+        import os, signal, sys
+        from arealite.server.process import launch_server_process
+        server = launch_server_process(sys.argv[1], extra_args=sys.argv[2:])
+        print("PID", server.proc.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, tiny_model_dir, *ARGS],
+        env=with_package_path(None),
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    pid = int(proc.stdout.split("PID", 1)[1].split()[0])
+    try:
+        assert _gone(pid), f"server {pid} outlived the SIGKILLed process that started it"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.parametrize("value", ["abc", "1", "0", "-5"])
+def test_a_malformed_parent_pid_is_named(value):
+    with pytest.raises(ValueError, match=f"AREALITE_PARENT_PID={value!r}"):
+        parent_from_env({"AREALITE_PARENT_PID": value})
+
+
+def test_parent_watch_fires_once_the_parent_is_gone():
+    """A child whose parent exits is reparented; the watch then calls its callback (here: exit),
+    long before the child would end by itself (60 s)."""
+    child = textwrap.dedent(
+        """
+        import os, time
+        from arealite.utils.parent_watch import watch_parent
+        watch_parent(os.getppid(), lambda: os._exit(0))
+        print("WATCHING", flush=True)
+        time.sleep(60)
+        """
+    )
+    middle = textwrap.dedent(
+        """
+        import subprocess, sys
+        child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "WATCHING"
+        print(child.pid, flush=True)
+        """
+    )  # exits at once, leaving the child behind
+    out = subprocess.run(
+        [sys.executable, "-c", middle, child], env=with_package_path(None), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    pid = int(out.stdout.split()[0])
+    try:
+        assert _gone(pid, within=10.0), f"the watch did not end the orphaned child {pid}"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -4,7 +4,6 @@ process, and from disk; versions, abort_all_requests, the update/in-flight lock,
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from arealite.launcher.process import with_package_path
 from arealite.utils.net import free_ports
 from tests.server.conftest import make_peaky_model, start_server
 
@@ -74,7 +74,7 @@ def _specs(model_dir: str) -> list[tuple[str, str, list[int]]]:
 def test_distributed_update_equals_fresh_server(server, new_model_dir, tmp_path):
     before = greedy(server)
     port, group = free_ports(1)[0], "weight_update_group"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = with_package_path(None) | {"OMP_NUM_THREADS": "1"}
     trainer = subprocess.Popen(
         [sys.executable, "-c", TRAINER, new_model_dir, str(port), group],
         cwd=REPO,

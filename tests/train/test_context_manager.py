@@ -4,15 +4,15 @@ process group are released on exit, errors included; a group the caller started 
 Runs in a fresh interpreter: whether a process group exists is process-wide state."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from arealite.launcher.process import with_package_path
+
 pytestmark = pytest.mark.timeout(180)
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = textwrap.dedent(
     """
@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_actor_with_blocks_release_their_process_group(tiny_model_dir):
-    env = dict(os.environ, PYTHONPATH=REPO_ROOT, OMP_NUM_THREADS="1", AREALITE_TRAIN_DEVICE="cpu")
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1", AREALITE_TRAIN_DEVICE="cpu")
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, tiny_model_dir], env=env, capture_output=True, text=True, timeout=150
     )
