@@ -1,55 +1,23 @@
 """`--help` for a config dataclass tree: every field with its type, default and help text.
 
-The help text of a field is its trailing comment in the dataclass's source, plus the
-comment-only lines directly below it (continuations of a long comment), so a field is
-documented in exactly one place, beside its definition. `field_help` returns them;
+A field's help text is its metadata (`field(metadata={"help": ...})`, written
+`setting(default, "help")` in `arealite.config`), so a field is documented once, beside its
+definition, and read without parsing source. A `Literal` type shows the field's choices.
 `config_help` renders the whole tree, one line per leaf field, grouped by section with the
 section class's docstring.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
-import io
-import textwrap
-import tokenize
 import typing
 from typing import Any
 
 
-def _class_field_help(klass: type) -> dict[str, str]:
-    """Field name -> help text of the fields defined in `klass`'s own body."""
-    source = textwrap.dedent(inspect.getsource(klass))
-    lines = source.splitlines()
-    comments: dict[int, str] = {}  # line number (1-based) -> comment text
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    body = ast.parse(source).body[0]
-    assert isinstance(body, ast.ClassDef)
-    out: dict[str, str] = {}
-    for node in body.body:
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        end = node.end_lineno or node.lineno
-        parts = [comments[end]] if end in comments else []
-        nxt = end + 1
-        while parts and nxt <= len(lines) and lines[nxt - 1].strip().startswith("#"):
-            parts.append(comments[nxt])  # a continuation line of the field's comment
-            nxt += 1
-        out[node.target.id] = " ".join(p for p in parts if p)
-    return out
-
-
 def field_help(cls: type) -> dict[str, str]:
     """Help text of every field of dataclass `cls`, inherited fields included ("" when undocumented)."""
-    merged: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if dataclasses.is_dataclass(klass) and klass is not object:
-            merged.update(_class_field_help(klass))
-    return {f.name: merged.get(f.name, "") for f in dataclasses.fields(cls)}
+    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}
 
 
 def _section_class(tp: Any) -> type | None:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import typing
 from dataclasses import fields, is_dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -25,7 +26,8 @@ class ConfigError(ValueError):
 
 C = TypeVar("C")
 
-# Keys that no longer exist, with what to write instead (each value is stated once).
+# Keys that no longer exist, with what to write instead (each value is stated once). Kept through
+# 0.1.x only: cutting 0.2.0 empties it (docs/CHANGELOG.md).
 RENAMED: dict[str, str] = {
     "actor.group_size": "the group size is gconfig.group_size (stated once, read by the actor too)",
     "actor.temperature": "the temperature is gconfig.temperature (stated once; the trainer's logprobs use it)",
@@ -38,6 +40,15 @@ RENAMED: dict[str, str] = {
     ),
 }
 HELP_FLAGS = ("-h", "--help")
+
+
+def choices(annotation: Any) -> tuple[Any, ...] | None:
+    """The values a `Literal[...]` (or `Literal[...] | None`) annotation allows; None for other types."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) is not Literal else ()
+    for arg in (annotation, *options):  # X, or the members of X | None
+        if typing.get_origin(arg) is Literal:
+            return typing.get_args(arg)
+    return None
 
 
 def _dataclass_keys(cls: type) -> list[str]:
@@ -74,6 +85,15 @@ def _check_keys(cls: type, data: Any, prefix: str) -> None:
         sub = _field_type(cls, key)
         if sub is not None:
             _check_keys(sub, value, f"{path}.")
+        _check_choice(cls, key, value, path)
+
+
+def _check_choice(cls: type, key: str, value: Any, path: str) -> None:
+    """A `Literal` field's value is one of its choices (before omegaconf's terser message)."""
+    allowed = choices(typing.get_type_hints(cls).get(key))
+    interpolated = isinstance(value, str) and value.startswith("${")
+    if allowed is not None and value is not None and value not in allowed and not interpolated:
+        raise ConfigError(f"{path}={value!r} is not supported; choose one of {list(allowed)}")
 
 
 def _parse_argv(argv: list[str]) -> tuple[str | None, list[str]]:

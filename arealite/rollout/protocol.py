@@ -32,6 +32,26 @@ class GenerateChunk:
     processed_logprobs: bool = False  # the server says its logprobs are of the truncated distribution (§1.6)
 
 
+def sampling_params(gconfig: GenerationHyperparameters) -> dict[str, Any]:
+    """SGLang `sampling_params` for one request; a setting at its default is left out, so no
+    null is ever sent and older servers see only keys they know."""
+    params: dict[str, Any] = {
+        "max_new_tokens": gconfig.max_new_tokens,
+        "temperature": gconfig.temperature,
+        "top_p": gconfig.top_p,
+        "top_k": gconfig.top_k,
+    }
+    optional = {
+        "min_new_tokens": gconfig.min_new_tokens or None,
+        "stop_token_ids": list(gconfig.stop_token_ids) or None,
+        "stop": list(gconfig.stop) or None,
+        "frequency_penalty": gconfig.frequency_penalty or None,
+        "sampling_seed": None if gconfig.sampling_seed is None else int(gconfig.sampling_seed),
+        "min_p": gconfig.min_p or None,
+    }
+    return params | {k: v for k, v in optional.items() if v is not None}
+
+
 def generate_body(
     input_ids: list[int],
     gconfig: GenerationHyperparameters,
@@ -43,7 +63,7 @@ def generate_body(
     tokens earlier (interrupted) calls of the same sample returned: they count towards
     `min_new_tokens`. `lora_name`: the loaded LoRA adapter to generate with (SGLang's
     `lora_path`, which takes the adapter's name); None: the base model."""
-    params = gconfig.sampling_params()
+    params = sampling_params(gconfig)
     params["max_new_tokens"] = int(max_new_tokens)
     if "min_new_tokens" in params:
         min_left = min(max(0, params["min_new_tokens"] - produced), max_new_tokens)
@@ -53,7 +73,7 @@ def generate_body(
             del params["min_new_tokens"]
     body = {
         "input_ids": [int(t) for t in input_ids],  # 0.5.22+ rejects floats
-        "sampling_params": {k: v for k, v in params.items() if v is not None},
+        "sampling_params": params,
         "return_logprob": True,
         "stream": False,
     }

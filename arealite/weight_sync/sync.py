@@ -24,9 +24,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import typing
 from collections.abc import Callable
 
 from arealite import world
+from arealite.config import WeightUpdateMode
 from arealite.interfaces import TrainEngine, WeightSyncTarget
 from arealite.types import WeightUpdateMeta
 from arealite.utils import net
@@ -34,7 +36,7 @@ from arealite.weight_sync.buckets import WeightSpec, broadcast_buckets, weight_b
 from arealite.weight_sync.distributed import Groups, broadcast_weights, ensure_group
 from arealite.weight_sync.group import WeightBroadcastError
 
-MODES = ("disk", "distributed", "lora")
+MODES = typing.get_args(WeightUpdateMode)
 
 
 class WeightSync:

@@ -10,6 +10,7 @@ from arealite.rollout.protocol import (
     error_message,
     generate_body,
     parse_generate_reply,
+    sampling_params,
     token_versions,
 )
 
@@ -37,6 +38,25 @@ def test_body_has_no_nulls_and_int_tokens():
     # a resubmission after an interruption: tokens already produced count towards the minimum
     assert generate_body([1], g, 20, produced=5)["sampling_params"]["min_new_tokens"] == 3
     assert "min_new_tokens" not in generate_body([1], g, 20, produced=9)["sampling_params"]
+
+
+def test_sampling_params_sends_each_setting_under_sglangs_name_and_leaves_defaults_out():
+    assert sampling_params(GenerationHyperparameters()) == {
+        "max_new_tokens": 64, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+    }  # fmt: skip
+    g = GenerationHyperparameters(
+        max_new_tokens=9, min_new_tokens=2, temperature=0.5, top_p=0.9, top_k=7, stop_token_ids=[5],
+        stop=["\n"], frequency_penalty=0.1, sampling_seed=3, min_p=0.05,
+    )  # fmt: skip
+    params = sampling_params(g)
+    assert params == {
+        "max_new_tokens": 9, "min_new_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 7,
+        "stop_token_ids": [5], "stop": ["\n"], "frequency_penalty": 0.1, "sampling_seed": 3, "min_p": 0.05,
+    }  # fmt: skip
+    params["stop"].append("x")  # the body owns its lists
+    assert g.stop == ["\n"]
+    body = generate_body([1], g, 4)
+    assert body["sampling_params"]["max_new_tokens"] == 4 and "processed_logprobs" in body  # top_p/top_k truncate
 
 
 def test_clamp_to_context():
