@@ -1,24 +1,11 @@
 """Checkpoint and recover: a crashed run continues exactly where its last checkpoint left it.
 
-A checkpoint holds everything the next step depends on: the sharded model and optimizer and
-the lr schedule (`actor.save_checkpoint`, DCP), every rank's dataloader position and RNG
-states, the step and weight version, and the stats logger's state. Layout:
-
-    <run_dir>/checkpoints/step_<n>/     train_state/ (DCP), rank<r>.pt, meta.json
-    <run_dir>/checkpoints/latest        "step_<n>", written last
-
-A checkpoint is written to `step_<n>.partial` and renamed, and `latest` is replaced
-atomically after that, so a run killed while saving resumes from the previous checkpoint.
-`recover.mode=auto` loads `latest` when it exists; the loop then starts at `step + 1`, and
-the caller pushes the restored weights to the servers again (`WeightSync.sync`), because the
-servers may hold newer or older ones.
-
-A checkpoint damaged after it was written (a truncated, altered or deleted file, e.g. a
-full disk or a bad copy) is not loaded: `manifest.json` records every file's size and,
-with `recover.checksum`, its SHA-256, and rank 0 checks them before loading. A checkpoint
-that fails is skipped with a message naming the file, and the newest good one is loaded
-instead (`recover.keep_last` checkpoints are kept, so there is one to fall back to).
-Falling back is exact too: every piece of state comes from that one checkpoint.
+A checkpoint (`<run_dir>/checkpoints/step_<n>/`, `latest` naming the newest) holds everything
+the next step depends on: model, optimizer and lr schedule (DCP), every rank's data-feed
+position and RNG states, step, weight version and the stats logger's state. It is written to
+`step_<n>.partial` and renamed, and a damaged one (checked against its manifest) is skipped for
+the newest good one. After loading, the caller syncs the weights to the servers again.
+Guarantees and their tests: docs/reliability.md.
 """
 
 from __future__ import annotations

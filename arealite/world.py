@@ -1,23 +1,9 @@
 """The trainer's world of ranks: process-group setup from torchrun's environment, or one plain process.
 
-`init_distributed()` is idempotent. Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) it joins
-the job with `env://`; in a plain `python` process or a notebook it creates a world of one
-on an in-memory store, so the same training code runs unchanged. The backend is gloo on
-CPU; on CUDA it is nccl for GPU tensors with gloo beside it for CPU tensors (object
-collectives, metadata).
-
-Device (`arealite.devices`): GPU LOCAL_RANK when CUDA is usable, else the CPU;
-`AREALITE_TRAIN_DEVICE=cpu` forces the CPU. With more local ranks than visible GPUs,
-`init_distributed` refuses naming both numbers.
-
-A lost rank (hung, stopped, or its host gone silent) makes every other rank's collective time
-out after `timeout` seconds. With more than one rank, `init_distributed` then names it: the
-ranks whose collective timed out check in with rank 0 over a gloo group of their own within
-`LOST_RANK_WINDOW` seconds, and each prints `lost trainer rank R (host H)` for every rank that
-did not, before its traceback (`sys.excepthook`).
-
-Deliberately absent: tensor/sequence parallelism and multi-dimensional meshes; arealite's
-trainer is data-parallel FSDP2 only.
+`init_distributed()` is idempotent: under torchrun it joins the job (`env://`), otherwise it
+makes a world of one, so the same code runs in a script or a notebook. gloo on CPU; nccl plus
+gloo on CUDA. A rank lost in a multi-rank job is named (`lost trainer rank R (host H)`) by the
+others when their collective times out (docs/reliability.md). Data-parallel FSDP2 only.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ PACKAGE = REPO / "arealite"
 # Cycles that remain, each as the sorted set of its modules. The test fails if this list is
 # larger or smaller than the truth, so it cannot go stale. None remains.
 ALLOWED_CYCLES: set[frozenset[str]] = set()
+MAX_MODULE_DOCSTRING_LINES = 20
 
 
 def _modules() -> dict[str, Path]:
@@ -193,3 +194,13 @@ def test_importing_stays_light(module):
     code = f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers', 'aiohttp') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_module_docstrings_state_a_contract_in_a_few_lines():
+    """A module's docstring says what it is and promises; the long explanations live in docs/."""
+    long = {}
+    for name, path in _modules().items():
+        doc = ast.get_docstring(ast.parse(path.read_text(), str(path)), clean=False)
+        if doc and doc.count("\n") + 1 >= MAX_MODULE_DOCSTRING_LINES:
+            long[name] = doc.count("\n") + 1
+    assert not long, f"module docstrings of {MAX_MODULE_DOCSTRING_LINES}+ lines (move detail to docs/): {long}"

@@ -158,9 +158,9 @@ def test_field_help_reads_field_metadata_and_help_shows_the_choices():
 def test_choices_are_declared_once_where_the_library_keeps_a_table():
     import typing
 
-    from arealite.algo.advantages import GROUP_NORM_MODES
+    from arealite.algo.advantages import GROUP_NORM_MODES, GROUP_STDS
     from arealite.algo.losses import AGGREGATIONS, KL_ESTIMATORS, OBJECTIVES
-    from arealite.config import GroupNorm, KlEstimator, LossAggMode, PauseMode, PolicyLoss, WeightUpdateMode
+    from arealite.config import GroupNorm, GroupStd, KlEstimator, LossAggMode, PauseMode, PolicyLoss, WeightUpdateMode
     from arealite.server.control import PAUSE_MODES
     from arealite.weight_sync.sync import MODES
 
@@ -169,6 +169,7 @@ def test_choices_are_declared_once_where_the_library_keeps_a_table():
     assert set(typing.get_args(PolicyLoss)) == set(OBJECTIVES)
     assert typing.get_args(WeightUpdateMode) == MODES
     assert set(typing.get_args(GroupNorm)) == {*GROUP_NORM_MODES, "none"}
+    assert set(typing.get_args(GroupStd)) == set(GROUP_STDS)
     assert set(typing.get_args(PauseMode)) == set(PAUSE_MODES)  # the server's own list (it imports no config)
 
 

@@ -1,25 +1,13 @@
 """`AgentEndpoint`: an OpenAI-compatible HTTP endpoint over the rollout client, one session per episode.
 
-    endpoint = AgentEndpoint(engine, tokenizer, gconfig)      # on the rollout event loop
-    await endpoint.start()                                    # 127.0.0.1 and a free port by default
-    session = endpoint.open_session()
-    session.base_url                  # http://127.0.0.1:<port>/s/<id>/v1: what the program's
-                                      # OpenAI(base_url=...) gets; or /v1 with header X-Session-Id
-    ...                               # the program POSTs <base_url>/chat/completions
-    endpoint.close_session(session.id)                        # later requests: 404
-    trajectory = session.client.trajectory(reward)
+    endpoint = AgentEndpoint(engine, tokenizer, gconfig); await endpoint.start()  # loopback, free port
+    session = endpoint.open_session()   # session.base_url: what the program's OpenAI(base_url=...) gets
+    ...                                 # the program POSTs <base_url>/chat/completions (and /reward)
+    endpoint.close_session(session.id); trajectory = session.client.trajectory(reward)
 
-Each session is an `arealite.chat.ChatClient`: a request's body is passed to
-`client.chat.completions.create` (tools, `n`, `seed`, `logprobs`, `temperature`, `max_tokens`,
-`stop`, ...), so every choice is recorded with its token ids, logprobs and weight versions,
-and a request that continues an earlier completion continues its tokens (never re-tokenised).
-The session's trajectory is the conversation ending at its latest completion, model tokens in
-the loss and everything else masked.
-
-A program may also POST `{"reward": <float>}` to `<base_url>/reward` (see `AgentProgramWorkflow`).
-Bad requests get OpenAI's error body (`{"error": {"message", "type", "param", "code"}}`) with
-status 400; an unknown or closed session 404; streaming is refused with a 400. The endpoint
-listens on loopback unless given another host.
+Each session is a `ChatClient`, so its trajectory is the conversation's tokens as generated,
+model tokens in the loss. Bad requests get OpenAI's error body (400), unknown or closed
+sessions 404; streaming is refused. Routes and headers: docs/agents.md.
 """
 
 from __future__ import annotations

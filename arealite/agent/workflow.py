@@ -1,25 +1,11 @@
 """`AgentProgramWorkflow`: an agent that is a separate program, trained through the OpenAI-compatible endpoint.
 
-Per episode, each of the `group_size` samples runs `command` as a subprocess with its own
-session of an `AgentEndpoint` (served on the rollout event loop). The program is any OpenAI
-client; its environment carries
-
-    OPENAI_BASE_URL     the session's base URL (the `openai` package reads it: an unmodified
-                        `OpenAI()` talks to the policy)      OPENAI_API_KEY  a placeholder
-    AREALITE_TASK       the data record as JSON (also written to the program's stdin)
-    AREALITE_REWARD_URL where the program may POST {"reward": <float>}
-
-The sample's reward is, in this order: `reward_fn` (when given) on the final reply's text
-(the content of the session's latest completion) with the record, as in `RLVRWorkflow`; else
-the reward the program POSTed; else a last stdout line `reward=<float>`. Its trajectory is the
-session's conversation ending at the latest completion (`ChatClient.trajectory`): model tokens
-in the loss, everything else masked, never re-tokenised.
-
-A program that outlives `timeout` seconds is killed (its whole process group); one that
-exits non-zero, makes no completion or reports no reward fails too. A failed sample rejects
-its group (never trained on: group-relative advantages need every reward) and is counted in
-`stats` (`agent_timeouts`, `agent_crashes`, `agent_no_completion`, `agent_no_reward`,
-`rejected_groups`); the last failure's output tail is kept in `last_failure`.
+Each of the `group_size` samples runs `command` as a subprocess with its own `AgentEndpoint`
+session (`OPENAI_BASE_URL`, `AREALITE_TASK`, `AREALITE_REWARD_URL` in its environment). Its
+reward is `reward_fn` on the final reply, else the reward it POSTed, else a last stdout line
+`reward=<float>`; its trajectory is the session's conversation. A sample that times out,
+crashes, makes no completion or reports no reward rejects its group and is counted in `stats`
+(docs/agents.md).
 """
 
 from __future__ import annotations

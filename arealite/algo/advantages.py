@@ -1,30 +1,11 @@
 """Advantage estimators: GAE over packed sequences, group-relative reward normalization
 (GRPO, Dr.GRPO, RLOO), masked whitening, and broadcasting a per-sequence value to tokens.
 
-Every public function dispatches to a Triton kernel (`arealite.algo.kernels`) when its input
-lives on CUDA and triton imports, and otherwise to the vectorized torch reference in this
-module. Both paths are also callable directly (`*_torch`, `*_triton`) so tests can hold each
-against a naive Python loop. Triton is imported lazily, so this module needs only torch.
-
-GAE with a loss mask (multi-turn). Within each sequence, walk backward keeping a carry
-(A_next, V_next), both 0 after the sequence's last token (bootstrap value 0):
-  - loss_mask[t] == 1:  delta_t = r_t + gamma * V_next - V_t
-                        A_t = delta_t + gamma * lam * A_next
-                        advantages[t] = A_t, returns[t] = A_t + V_t, then (A_next, V_next) = (A_t, V_t)
-  - loss_mask[t] == 0:  advantages[t] = 0, returns[t] = V_t, carry unchanged; r_t is ignored.
-So tokens outside the loss mask (prompt, environment/tool output between model turns) are
-transparent: a model token's TD target is the value of the next *model* token, and the
-discount counts model tokens only (the recurrence of verl's multi-turn GAE loop).
-Put each reward on a loss-masked token (usually the last generated one).
-
-cu_seqlens on CUDA: reading it back to validate costs a host sync per call (on an H100, 118
-against 42 us per `gae_packed_triton` call at 1M tokens), so the dispatcher leaves the check
-to the kernel: it clamps every sequence into [0, N] (malformed cu_seqlens never touch memory
-out of bounds) and writes NaN into the sequences at a malformed boundary. On the CPU, or
-with `gae_packed_triton(check_cu_seqlens=True)`, a malformed cu_seqlens is a ValueError.
-
-Deliberately left out: KL-in-reward shaping (that is a loss concern, see `losses.py`), and
-any dtype below float32: everything is computed and returned in float32 (float64 stays float64).
+Each public function dispatches to a Triton kernel (`arealite.algo.kernels`, imported lazily)
+for CUDA inputs and to the vectorized torch reference here otherwise; both are callable
+directly (`*_torch`, `*_triton`) so tests hold each against a naive loop. Everything is
+computed in float32 (float64 stays float64). KL-in-reward shaping is a loss concern
+(`losses.py`).
 """
 
 from __future__ import annotations
@@ -251,7 +232,7 @@ def gae_packed_torch(
     gamma: float,
     lam: float,
 ) -> tuple[Tensor, Tensor]:
-    """Vectorized torch GAE over packed sequences; semantics in the module docstring."""
+    """Vectorized torch GAE over packed sequences; semantics in `gae_packed`."""
     _check_gae_inputs(rewards, values, loss_mask, cu_seqlens, gamma, lam)
     dtype = _float_dtype(rewards, values)
     n = values.numel()
@@ -289,8 +270,10 @@ def gae_packed_triton(
 
     check_cu_seqlens=True reads cu_seqlens back to raise a ValueError on malformed contents
     (a host sync); without it the kernel marks the sequences at a malformed boundary with
-    NaN (module docstring). rows/block override the tile (sequences per program, tokens per
-    scan step).
+    NaN: every sequence is clamped into [0, N], so malformed cu_seqlens never touch memory out
+    of bounds (the read-back costs 118 against 42 us per call at 1M tokens on an H100, so the
+    dispatcher leaves the check to the kernel). rows/block override the tile (sequences per
+    program, tokens per scan step).
     """
     _check_gae_inputs(rewards, values, loss_mask, cu_seqlens, gamma, lam, check_cu_seqlens)
     from arealite.algo.kernels.gae import gae_packed_kernel
@@ -312,9 +295,16 @@ def gae_packed(
     cu_seqlens: int [B+1]. Returns (advantages [N], returns [N]). Runs backward within each
     sequence; tokens with loss_mask == 0 pass the running advantage and the next value through
     unchanged (multi-turn: environment tokens between model turns) and get advantage 0
-    (returns = values there). The bootstrap value after a sequence end is 0. Exact recurrence
-    in the module docstring. Triton on CUDA (cu_seqlens checked in the kernel, no host sync),
-    torch reference elsewhere.
+    (returns = values there). The bootstrap value after a sequence end is 0. Walking backward
+    with a carry (A_next, V_next):
+
+        loss_mask[t] == 1:  delta_t = r_t + gamma * V_next - V_t;  A_t = delta_t + gamma * lam * A_next
+                            advantages[t] = A_t, returns[t] = A_t + V_t, carry = (A_t, V_t)
+        loss_mask[t] == 0:  advantages[t] = 0, returns[t] = V_t, carry unchanged, r_t ignored
+
+    so a model token's TD target is the value of the next model token (verl's multi-turn GAE);
+    put each reward on a loss-masked token. Triton on CUDA (cu_seqlens checked in the kernel, no
+    host sync), torch reference elsewhere.
     """
     if _use_triton(values):
         return gae_packed_triton(rewards, values, loss_mask, cu_seqlens, gamma, lam, check_cu_seqlens=False)

@@ -1,24 +1,10 @@
 """PPO-family losses as pure functions of packed token tensors; each returns `(loss, stats)`.
 
-Every tensor is packed `[N]` (one entry per real token, see `arealite.data.packing`) with
-`cu_seqlens` int32 [B+1] marking sequences; `loss_mask` [N] selects the trained tokens.
-Log-probabilities are token-aligned: `logp[t] = log p(token t | tokens < t)`.
-
-Variants are functions picked from the registries below (`AGGREGATIONS`, `KL_ESTIMATORS`,
-`LOG_RATIOS`), not flags inside one function:
-- decoupled PPO (Hilton et al. 2021; AReaL): the ratio is taken to the proximal policy
-  `prox_logp`, and each token is weighted by the behaviour importance weight
-  `exp(prox_logp - behav_logp)`; weights above `behav_imp_weight_cap` drop the token.
-- dual clip (Ye et al. 2020, `c_clip`), clip-higher (DAPO, `eps_clip_higher`).
-- GSPO (Zheng et al. 2025): one ratio per sequence, the exp of its mean token log-ratio.
-- per-token objectives (`OBJECTIVES`): PPO's clip, CISPO (MiniMax-M1's truncated, detached
-  importance weight times A * logp), SAPO (Qwen's soft sigmoid gate).
-- rollout correction (`arealite.algo.rollout_correction`): token / sequence truncated IS and
-  rejection with the behaviour-vs-proximal weight.
-- aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum (Dr.GRPO, Liu et al. 2025).
-- KL estimators k1/k2/k3 (Schulman, "Approximating KL divergence").
-
-Stats are detached scalar tensors; keys ending in `_max`/`_min` are extrema, the rest means.
+Tensors are packed `[N]` with `cu_seqlens` int32 [B+1] and `loss_mask` [N]; log-probabilities
+are token-aligned (`logp[t] = log p(token t | tokens < t)`). Variants are functions picked
+from the registries (`OBJECTIVES`, `AGGREGATIONS`, `KL_ESTIMATORS`, `LOG_RATIOS`), not flags:
+what each computes, with its paper, is in docs/algorithms.md. Stats are detached scalars;
+keys ending in `_max`/`_min` are extrema, the rest means.
 """
 
 from __future__ import annotations

@@ -2,25 +2,13 @@
 
     client = ChatClient(engine, tokenizer, gconfig)
     completion = await client.chat.completions.create(model="policy", messages=[...], tools=[...])
-    ...                                       # the agent's own loop: run tools, call again
     trajectory = client.trajectory(reward)    # the conversation as one training sequence
 
-Agent code written against `openai.AsyncOpenAI` runs unchanged on it: `create` takes the same
-arguments and returns a `ChatCompletion` — the `openai` package's own class when it is
-installed, else an object with the same attributes — with tool calls parsed into
-`message.tool_calls`. Underneath, each choice is one `engine.agenerate` call on the prompt the
-tokenizer's chat template renders, and the client records its token ids, logprobs and weight
-versions (`arealite.chat.record`).
-
-When a request's messages continue an earlier completion (its messages, then the assistant
-message it returned, then e.g. tool results), the new prompt is that completion's prompt and
-tokens plus only the new text (`template.continuation_ids`): the model's tokens are never
-re-tokenized, so the whole conversation is one sequence whose loss mask covers exactly the
-model's tokens. Otherwise the prompt is rendered afresh and starts a new conversation.
-
-Deliberately absent: streaming, `tool_choice="required"` or a named function, top logprobs
-and response formats; they raise a clear error. Async only, like the workflows it serves
-(from a script: `asyncio.run(...)`; in a notebook: top-level `await`).
+`create` takes `openai.AsyncOpenAI`'s arguments and returns a `ChatCompletion` (the `openai`
+class when installed). Each choice is one `engine.agenerate`; a request that continues an
+earlier completion continues its tokens (never re-tokenized), so the loss mask covers exactly
+the model's tokens. Streaming, `tool_choice="required"`, top logprobs and response formats
+raise a clear error (docs/agents.md).
 """
 
 from __future__ import annotations

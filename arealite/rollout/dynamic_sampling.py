@@ -1,31 +1,12 @@
 """Dynamic sampling (DAPO): train only on groups whose rewards differ, sampling more prompts
 until the batch is full (`rollout.dynamic_sampling`).
 
-A group whose samples all got the same reward has zero group-relative advantage on every
-token: it costs a training step's compute and teaches nothing, and most groups are like that
-once a task is mostly solved (all correct). Dropping them keeps every trained group
-informative, so each step carries a full batch of signal.
-
-- Asynchronous runs filter each episode as it finishes (`DataFeed.tag(workflow,
-  sampler.accept)`, which also retires the dropped prompt) and the executor keeps
-  submitting until the batch is full.
-- Synchronous runs (`sampler.next_batch`) take prompts from the feed as one stream:
-  a step trains the first `batch_size` prompts of the stream whose groups' rewards differ,
-  all sampled at the current weights. The prompts before them with equal rewards are dropped;
-  those after them (the surplus of the last round) go back to the front of the stream and
-  are sampled again, with the next weights, at the next step. So which prompts a step trains
-  depends only on the data order, the rewards and the sampling seeds, not on how the rounds
-  were cut: a recovered run (its feed replays the prompts handed out but not trained, in
-  order) reproduces the uninterrupted one.
-
-Either way the feed retires every dropped prompt (`DataFeed.drop`) and counts it in
-`feed.dropped_groups`, and `feed.consume(batch)` returns the prompts actually trained.
-
-The search is bounded: once a step has sampled `MAX_SAMPLED_BATCHES` batches' worth of
-prompts (a task the policy has nearly solved, or a reward that is constant), the batch is
-filled up with equal-reward groups instead (they have zero advantage, so the step is cheap
-and harmless), counted in `filler_groups`; asynchronously, a group passes after that many
-drops in a row. Without the bound such a run would sample forever.
+Synchronous runs train the first `batch_size` prompts of the feed's stream whose groups'
+rewards differ; the surplus of the last round goes back to the front of the stream, so which
+prompts a step trains depends only on data order, rewards and seeds (a recovered run repeats
+the uninterrupted one). Asynchronous runs filter each episode as it finishes. Dropped prompts
+are retired and counted (`feed.dropped_groups`). After `MAX_SAMPLED_BATCHES` batches' worth of
+prompts a step fills up with equal-reward groups (`filler_groups`) instead of sampling forever.
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """`WorkflowExecutor`: runs rollout workflows on the engine's event loop under a staleness bound.
 
-Queued episodes start as the staleness budget allows (staleness.py). Episodes can finish out
-of order, so `wait()` also checks each trajectory's `versions`: one whose oldest token is
-more than k versions behind the current version is not returned but re-queued to be
-generated afresh (counted in `stats["stale_requeued"]`). `k = 0` is fully synchronous.
-`max_concurrent_rollouts` bounds episodes in flight; a full queue only delays submissions
-(back-pressure), never raises.
-
-Two ways in:
-- `submit` + `wait` / `prepare_batch`: the asynchronous queue above.
-- `rollout_batch(data)`: run these items now (bounded only by concurrency) and return their
-  trajectories in input order; they do not count against the staleness budget.
-
-An optional `should_accept(trajectory) -> bool` filter (dynamic sampling) drops trajectories;
-`prepare_batch` keeps pulling data until the batch is full. A workflow that raises makes the
-next `wait`/`rollout_batch`/`prepare_batch` raise; nothing is dropped silently. A wait that
-makes no progress for `rollout.stall_timeout` logs why, and raises after twice that
-(watchdog.py).
+`submit` + `wait` / `prepare_batch`: episodes start as the staleness budget allows
+(staleness.py), and a finished trajectory whose oldest token is more than k versions behind is
+re-queued (`stats["stale_requeued"]`); k = 0 is synchronous. `rollout_batch(data)`: these
+items now, in input order, outside the budget. A workflow's error is raised by the next
+`wait`/`rollout_batch`/`prepare_batch`; a wait without progress for `rollout.stall_timeout`
+logs why and raises after twice that (watchdog.py).
 """
 
 from __future__ import annotations

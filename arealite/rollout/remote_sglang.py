@@ -1,24 +1,11 @@
 """`RemoteSGLangEngine`: the rollout client for servers speaking SGLang's native HTTP protocol.
 
-It runs an event loop in a background thread (one aiohttp session for every request) and
-offers:
-- `agenerate(req)`: one sample, surviving interruptions (an `abort` reply has its partial
-  output appended to the prompt and is resubmitted with the remaining budget) and server
-  failures (retries with backoff; a server that fails its health checks leaves the rotation,
-  the request moves elsewhere, and the server rejoins once healthy, see health.py). Every
-  output token carries the weight version that produced it (never a newer one, see
-  `protocol.token_versions`).
-- `submit / wait / rollout_batch / prepare_batch`: workflows run by a `WorkflowExecutor`
-  under the staleness bound (see executor.py).
-- `pause / resume / update_weights / init_weights_update_group / set_version`: the server
-  side of a weight sync. `config.pause_mode` decides what happens to requests in flight:
-  `abort` interrupts them (they are resubmitted after `resume`); `in_place` and `retract`
-  (SGLang 0.5.6+, docs/protocol.md §2.1) keep them on the server, where they continue with the new weights.
-
-Runs against the built-in server (tested). For real SGLang 0.5.5-0.5.23 the request and reply
-shapes were checked against SGLang's own sources (its types and handlers, read; docs/protocol.md
-§7); no real SGLang server has been run with this client (it needs a GPU).
-It deliberately does not stream, send `rid`s, or use `n > 1` (§1.4: n>1 reassigns rids).
+An event loop in a background thread serves `agenerate(req)` (one sample that survives
+interruptions and server failures, every token tagged with the weight version that produced
+it), the workflow executor (`submit / wait / rollout_batch / prepare_batch`) and the server
+side of a weight sync (`pause / resume / update_weights / set_version`, per
+`config.pause_mode`). What it sends and tolerates: docs/protocol.md §7-8; it does not stream,
+send `rid`s or use `n > 1` (§1.4).
 """
 
 from __future__ import annotations

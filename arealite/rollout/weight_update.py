@@ -1,34 +1,11 @@
 """The server side of a weight sync: the HTTP calls that load new weights on every server.
 
-disk (docs/protocol.md §3.2): POST /update_weights_from_disk with the folder the trainer
-wrote. distributed (§3.3-3.4): each server joins the trainer's process group once
-(/init_weights_update_group, rank 1 + i), then every sync sends one
-/update_weights_from_distributed per bucket while the trainer's rank 0 broadcasts it.
-
-Every update sends `weight_version`, so replies from the server carry the version of the
-weights that produced them. What else goes in the body follows the engine's `pause_mode`:
-- abort: `abort_all_requests` (the write lock is then taken at once, §3.1) and the default
-  cache flush;
-- in_place / retract: requests stay on the paused server, so nothing is aborted (a paused
-  0.5.6+ server skips the write lock) and `flush_cache: false`, because a flush refused by
-  kept requests kills the scheduler on 0.5.6-0.5.20 and fails the update on 0.5.22+ (§3.9).
-A server that is out of rotation is skipped and brought up to date when it rejoins: after a
-disk update at once, after a broadcast at the next sync, which rebuilds the group with it
-(`awaiting`).
-
-lora (docs/lora.md; servers started with --enable-lora): POST /load_lora_adapter
-`{"lora_name", "lora_path"}` with the adapter folder the trainer wrote, then
-/update_weight_version (loading an adapter does not set one), then /unload_lora_adapter of the
-adapter it replaces. Each version gets its own name, so a server never lacks the adapter the
-client asks for; a name already loaded (a trainer restarted against running servers) is
-unloaded and loaded again, since its files may differ now. Only pause mode abort: a request
-kept on a paused SGLang server would finish on the adapter it started with.
-
-Distributed groups (`arealite.weight_sync.distributed` drives them): the client keeps
-the current group's `members`, sends bucket calls to exactly those, and keeps feeding the
-live ones when one fails, so the trainer's broadcast is held up by nobody but the failed
-server. `rollout.weight_update_timeout` bounds every wait, and goes in the init body as
-`timeout` (the server's rendezvous and collectives use it).
+disk (docs/protocol.md §3.2), distributed (§3.3-3.4: one call per bucket while the trainer's
+rank 0 broadcasts it) and lora (load the new adapter, set the version, unload the old one).
+Every update carries `weight_version`; what else the body holds follows the engine's
+`pause_mode` (docs/protocol.md §3.1, §3.9; adapters: docs/lora.md). A server out of rotation is skipped and brought up to date
+when it rejoins; in a distributed group the live members keep being fed when one fails
+(docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """The lean forward (`--model-impl arealite`): Qwen2/Llama/Mistral decoders computed directly
 from the weights of the loaded transformers model, over the preallocated KV cache (kv_cache.py).
 
-Why: on a CPU, a decode step of a small model is mostly Python in transformers' modules
-(module calls, mask and cache bookkeeping, a `torch.cat` per layer per step), not FLOPs.
-Here a layer is about twenty tensor operations: RMSNorm, ONE matmul for q/k/v, rotary,
-a cache write, sdpa over grouped heads, the output projection, ONE matmul for gate/up,
-SwiGLU, the down projection (benchmarks/README.md has the measured effect).
-
-Weights stay the transformers model's, by their HF names: q/k/v (and gate/up) are fused
-once, at build time, into one buffer each, and the transformers parameters are replaced by
-views into it. Every weight update (disk, distributed, by HF name) copies into those views,
-so the fused matmuls see it without re-concatenation; `refresh` re-fuses only if a
-parameter object was replaced. The transformers forward keeps working on the same weights.
-
-The arithmetic follows transformers' (RMSNorm in fp32 then cast, rotary tables from the
-model's own rotary module, the same scaling), so logits agree with it to rounding (tests
-check fp32 to eps-grounded bounds). LoRA adapters apply per row at every adapted linear
-layer through `AdapterSet.add_to`, the same code the transformers path's hooks run.
+On a CPU a small model's decode step is mostly Python in transformers' modules; here a layer is
+about twenty tensor operations, with q/k/v and gate/up each one fused matmul. The fused buffers
+hold the transformers parameters as views, so every weight update reaches both forwards, and
+the arithmetic follows transformers' so logits agree to rounding (tested in fp32). LoRA
+adapters apply through `AdapterSet.add_to`, as on the transformers path.
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """From a batch's rewards (and critic values) to token-aligned advantages, as the config says.
 
-Steps, each a call into `arealite.algo.advantages`:
-1. Reward shaping per sequence: `clip((r + reward_bias) * reward_scaling, ±reward_clip)`,
-   and DAPO's soft overlong penalty on responses that run into the last `overlong_tokens`
-   of the budget: added to the shaped reward (`overlong_penalty_stage=after_shaping`, so it
-   is in shaped-reward units and escapes the clip) or to the raw reward before the shaping
-   (`before_shaping`, AReaL's and verl's order).
-2. `mask_no_eos_with_zero`: truncated responses (`batch["truncated"]`, set by the
-   workflows) leave the loss mask (no gradient; not in the loss's denominator, as TRL's
-   `mask_truncated_completions`). In their group's baseline they count as a shaped score of 0
-   (`truncated_baseline=zero`: a failure) or with their shaped score as is (`score`: TRL, and
-   AReaL's group normalization; AReaL then zeroes their reward but keeps them in the loss).
-3. Group baseline (`group_norm`, passed to `group_normalize` as is): GRPO mean/std
-   (`mean_std`, std per `group_std`), Dr.GRPO mean only (`mean`), RLOO leave-one-out
-   (`rloo`), or none; groups of `gconfig.group_size` consecutive rows.
-4. Token level, only when needed: with critic `values` or a KL-in-reward penalty the
-   sequence score lands on its last loss token and GAE over the packed tokens gives
-   advantages and returns; otherwise the score is broadcast to every loss token.
-5. `whiten_advantages`: whitening over all loss tokens of the batch (after `group_norm=mean`:
-   REINFORCE++-baseline).
-
-The group size and the generation budget are facts of how the batch was sampled, so they come
-from `gconfig` (stated once in the experiment config), not from the actor's section.
+In order, each step a call into `arealite.algo.advantages`: reward shaping and DAPO's overlong
+penalty, masking truncated responses (`mask_no_eos_with_zero`), the group baseline
+(`group_norm`), token-level GAE when there are critic values or a KL-in-reward penalty (else
+the score is broadcast to the loss tokens), and `whiten_advantages`. What each setting
+computes: docs/algorithms.md. Group size and generation budget come from `gconfig`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Attention over packed sequences without an N x N mask: the trainer's path when flash-attn is absent.
 
-The trainer packs a micro-batch's sequences into one row of N tokens. flash-attn handles that
-natively (`cu_seqlens`); without it, transformers' sdpa path builds a dense block-diagonal
-N x N mask, so attention costs O(N^2) in the micro-batch's TOTAL tokens.
-
-Here the sequences are grouped into length buckets (`plan`): sorted by length, a sequence
-joins the bucket of the next longer ones only when padding it to that bucket's length costs
-less than one more attention call. A bucket of one sequence is attended in place (a view of
-the packed row, no copy); a bucket of several is gathered into a right-padded
-[S_b, H, L_b, D] block. Each bucket runs `scaled_dot_product_attention(is_causal=True)`, and
-the outputs are put back in packed order. Right padding needs no mask: a real query at
-position i sees keys 0..i, all real; padded queries are dropped, so no gradient flows through
-padding. The cost is about sum(L_i^2) over the sequences (never the longest row's length
-times the count), and no mask tensor is built or differentiated.
-
-Registered with transformers under `NAME` (attention and mask interfaces). The model must be
-called with `cu_seq_lens_q` (int32 [S + 1], as for flash-attn); without it the whole row is
-one causal sequence.
+The sequences of a packed row are grouped into length buckets (`plan`); each bucket runs
+`scaled_dot_product_attention(is_causal=True)` on a right-padded block (or a view, for a bucket
+of one) and the outputs go back in packed order, so the cost is about sum(L_i^2) and no mask
+is built. Registered with transformers under `NAME`; the model must be called with
+`cu_seq_lens_q` (int32 [S + 1]), without which the row is one causal sequence.
 """
 
 from __future__ import annotations

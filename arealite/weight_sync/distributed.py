@@ -1,25 +1,11 @@
 """The distributed weight sync: a broadcast group that survives a server dying in it.
 
-The trainer's rank 0 and the servers form a torch.distributed group; rank 0 broadcasts the
-buckets while the rollout client sends each server one call per bucket. A group with a dead
-member cannot be repaired: its collectives fail (a killed server resets its connections, so
-rank 0 learns within milliseconds) or time out (a hung one, after
-`rollout.weight_update_timeout`). So rank 0
-
-1. drops its end of the group, which closes its connections: the survivors' pending
-   receives fail at once instead of at their timeout;
-2. probes the members and takes the dead out of rotation;
-3. builds a fresh group (new name, new port) of the rest and broadcasts every bucket again,
-   so no survivor keeps a half-updated model.
-
-The group is kept across syncs while its membership holds, and rebuilt when it changes or a
-kept group fails: a server that comes back after missing a broadcast waits out of rotation
-(`awaiting`) until the next sync builds a group with it and feeds it the weights, then
-rejoins.
-
-Every trainer rank runs `broadcast_weights` (gathering full parameters is collective); only
-rank 0 talks to the servers (through the rollout client, an WeightSyncTarget), and it tells
-the others whether to go again. Rank 0's end of the groups is a `Groups` (owned by WeightSync).
+Trainer rank 0 and the servers form a torch.distributed group and rank 0 broadcasts the
+buckets. When a member dies, rank 0 drops its end of the group (the survivors' receives fail at
+once), takes the dead out of rotation and broadcasts every bucket again to a fresh group of the
+rest. A kept group is rebuilt when membership changes. Every trainer rank runs
+`broadcast_weights`; only rank 0 talks to the servers, through a `WeightSyncTarget`
+(docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """`WeightSync`: the trainer's weights to every server, as one object (docs/architecture.md §6).
 
     with WeightSync(actor, rollout, config.weight_update, config.run_dir) as weight_sync:  # collective
-        ...
         weight_sync.sync(version)                                                         # collective
 
-Construction prepares the transport once: `disk` and `lora` need nothing; `distributed` has
-trainer rank 0 host a process group that every server joins (docs/protocol.md §3.3).
-`sync(version)`, on every trainer rank: (disk/lora: rank 0 writes the weights while the servers
-keep generating) -> pause -> all ranks meet -> the servers load (disk/lora: one call per
-server; distributed: one call per bucket while rank 0 broadcasts it) -> rank 0 checks every
-server in rotation reports `version` -> all ranks meet -> the client and the actor move to
-`version` -> resume (without waiting for the servers' replies: a failure surfaces at the
-client's next `wait`).
-
-WeightSync owns the order of these steps and the trainer's end of the transport (the folder
-and its retention, the buckets and the group). Every HTTP call to a server goes through the
-rollout client and its transport (`arealite.rollout.weight_update`); this package imports
-neither the rollout client nor the trainer, only their interfaces.
+`sync(version)`, on every trainer rank: write (disk/lora) -> pause -> servers load -> rank 0
+checks every server in rotation reports `version` -> client and actor move to `version` ->
+resume. It owns the order of these steps and the trainer's end of the transport; HTTP goes
+through the rollout client (`arealite.rollout.weight_update`).
 """
 
 from __future__ import annotations

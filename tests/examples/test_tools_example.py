@@ -1,5 +1,5 @@
 """examples/tools_grpo.py through the local launcher for 2 steps: it runs, logs its steps and
-prints the three accuracies. (The learning figures come from the full config; see the README.)"""
+prints the three accuracies. (The learning figures come from the full config; see benchmarks/README.md.)"""
 
 import importlib.util
 import json
