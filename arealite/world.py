@@ -10,6 +10,12 @@ Device (`arealite.devices`): GPU LOCAL_RANK when CUDA is usable, else the CPU;
 `AREALITE_TRAIN_DEVICE=cpu` forces the CPU. With more local ranks than visible GPUs,
 `init_distributed` refuses naming both numbers.
 
+A lost rank (hung, stopped, or its host gone silent) makes every other rank's collective time
+out after `timeout` seconds. With more than one rank, `init_distributed` then names it: the
+ranks whose collective timed out check in with rank 0 over a gloo group of their own within
+`LOST_RANK_WINDOW` seconds, and each prints `lost trainer rank R (host H)` for every rank that
+did not, before its traceback (`sys.excepthook`).
+
 Deliberately absent: tensor/sequence parallelism and multi-dimensional meshes; arealite's
 trainer is data-parallel FSDP2 only.
 """
@@ -17,7 +23,11 @@ trainer is data-parallel FSDP2 only.
 from __future__ import annotations
 
 import os
+import socket
+import sys
+import time
 from datetime import timedelta
+from types import TracebackType
 
 import torch
 import torch.distributed as dist
@@ -25,6 +35,7 @@ import torch.distributed as dist
 from arealite.devices import DEVICE_ENV, check_gpus_for_ranks, requested_train_device
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+LOST_RANK_WINDOW = 10.0  # seconds the ranks whose collective timed out have to check in with rank 0
 
 
 def visible_gpu_count() -> int:
@@ -67,6 +78,8 @@ def _init(backend: str | None, timeout: float) -> None:
         torch.cuda.set_device(local_rank())
     if all(v in os.environ for v in _TORCHRUN_VARS):
         dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout))
+        if dist.get_world_size() > 1:
+            _watch_for_lost_ranks()
         return
     missing = [v for v in _TORCHRUN_VARS if v not in os.environ]
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -123,3 +136,61 @@ def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
 def destroy_distributed() -> None:
     if is_initialized():
         dist.destroy_process_group()
+
+
+class _LostRankWatch:
+    """Names the ranks that stopped answering when a collective times out (see the module doc).
+
+    The check-in goes through the job's rendezvous store (MASTER_ADDR:MASTER_PORT), not a
+    process group: a gloo group closes every pair once one receive times out.
+    """
+
+    PREFIX = "arealite/lost_ranks/"
+
+    def __init__(self) -> None:
+        addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        window = timedelta(seconds=LOST_RANK_WINDOW)
+        self.store = dist.TCPStore(addr, port, is_master=False, timeout=window)
+        self.store.set(f"{self.PREFIX}host/{dist.get_rank()}", socket.gethostname())
+        self.previous = sys.excepthook
+
+    def lost_ranks(self) -> list[int]:
+        """Check in; rank 0 waits up to the window for the others and tells them who did not."""
+        me, n, p = dist.get_rank(), dist.get_world_size(), self.PREFIX
+        try:
+            if me == 0:
+                deadline = time.monotonic() + LOST_RANK_WINDOW
+                pending = [f"{p}alive/{r}" for r in range(1, n)]
+                while pending and time.monotonic() < deadline:
+                    pending = [k for k in pending if not self.store.check([k])]
+                    time.sleep(0.05)
+                lost = sorted(int(k.rpartition("/")[2]) for k in pending)
+                self.store.set(f"{p}verdict", ",".join(map(str, lost)))
+                return lost
+            self.store.set(f"{p}alive/{me}", "1")
+            self.store.wait([f"{p}verdict"], timedelta(seconds=LOST_RANK_WINDOW + 5.0))
+            return [int(r) for r in self.store.get(f"{p}verdict").decode().split(",") if r]
+        except (RuntimeError, dist.DistError):  # the store is gone or rank 0 never answered
+            return [0] if me != 0 else []
+
+    def host(self, rank: int) -> str:
+        try:
+            return self.store.get(f"{self.PREFIX}host/{rank}").decode()
+        except (RuntimeError, dist.DistError):
+            return "unknown"
+
+    def __call__(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(exc, RuntimeError) and "timed out" in str(exc).lower():
+            for r in self.lost_ranks():
+                print(
+                    f"[arealite] lost trainer rank {r} (host {self.host(r)}): it did not reach the collective that "
+                    f"timed out on rank {dist.get_rank()} (dist_timeout), nor check in within {LOST_RANK_WINDOW:.0f}s; "
+                    "see that rank's log, its host, and whether it hung or was stopped",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        self.previous(kind, exc, tb)
+
+
+def _watch_for_lost_ranks() -> None:
+    sys.excepthook = _LostRankWatch()

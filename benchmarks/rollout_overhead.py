@@ -1,7 +1,7 @@
 """Client-side cost of the rollout orchestration (RemoteSGLangEngine + WorkflowExecutor).
 
     PYTHONPATH=. python benchmarks/rollout_overhead.py [--model-path DIR] [--pairs 15] [--in-flight 128] \
-        [--max-new-tokens 128] [--smoke]
+        [--max-new-tokens 128] [--batches 8] [--smoke]
 
 Three measurements, one run:
 1. Against a stub server that answers at once (a tiny aiohttp app in a separate process,
@@ -16,7 +16,9 @@ Three measurements, one run:
    - raw: bare aiohttp `post` + JSON parse of every request, gathered, and
    - orchestrated: `rollout_batch` with a workflow that turns the replies into a padded
      trajectory batch (the path a training script takes),
-   `--pairs` times each, alternating which goes first.
+   `--pairs` times each, alternating which goes first; a timed run is `--batches` rounds of
+   them, so that a run's CPU seconds are large next to psutil's 10 ms clock tick and to the
+   run-to-run noise of a few milliseconds of client CPU.
 
 The figure, and why it is CPU time: on a shared 2-core machine the paired wall-time ratio
 of 3. swings by +-20% from one pair to the next (other processes take the cores), far more
@@ -28,7 +30,8 @@ own core (as a trainer is) and a busy single-threaded server, the wall time can 
 this much through the client's own work at most: it would, exactly, if none of that work
 overlapped generation. What it does not see is a change in the server's work (requests
 arriving more spread out, batched worse): both sides' server CPU seconds and decode steps
-are printed next to it for that, and the paired wall-time overhead too. Target: <= 5 with an IQR narrower than 5.
+are printed next to it for that, and the paired wall-time overhead too. Target: <= 3 with an IQR
+narrower than 1 point.
 
 Equal conditions for 3.: both sides run on the same kind of event loop thread with the
 same kind of session (`arealite.rollout.loop.EventLoopThread`,
@@ -196,9 +199,10 @@ def stub_peak_in_flight(address: str, episodes: int) -> int:
 
 
 def server_overhead(
-    address: str, server_pid: int, in_flight: int, pairs: int, max_new_tokens: int
+    address: str, server_pid: int, in_flight: int, pairs: int, max_new_tokens: int, batches: int
 ) -> dict[str, list[float]]:
-    """Per-run wall, client CPU and server CPU seconds of the raw and orchestrated sides, `pairs` each."""
+    """Per-run wall, client CPU and server CPU seconds of the raw and orchestrated sides, `pairs` each;
+    a run is `batches` rounds of `in_flight` requests, one after the other."""
     from arealite.rollout.loop import EventLoopThread
     from arealite.rollout.protocol import generate_body
     from arealite.rollout.transport import make_session
@@ -234,7 +238,15 @@ def server_overhead(
         wall, cpu = time.perf_counter() - start, time.process_time() - cpu
         return wall, cpu, harness.tree_cpu_seconds(server_pid) - server, decode_steps() - steps
 
-    sides = {"raw": lambda: raw_loop.run(raw_all()), "orchestrated": lambda: engine.rollout_batch(data, workflow)}
+    def raw_run() -> None:
+        for _ in range(batches):
+            raw_loop.run(raw_all())
+
+    def orchestrated_run() -> None:
+        for _ in range(batches):
+            engine.rollout_batch(data, workflow)
+
+    sides = {"raw": raw_run, "orchestrated": orchestrated_run}
     keys = ("", "_cpu", "_server_cpu", "_steps")
     out: dict[str, list[float]] = {f"{n}{x}": [] for n in sides for x in keys}
     try:
@@ -261,6 +273,9 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=128, help="requests per run against the real server")
     parser.add_argument("--pairs", type=int, default=15, help="paired runs (raw and orchestrated, alternating order)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--batches", type=int, default=8, help="rounds of --in-flight requests per timed run (more: finer CPU figures)"
+    )
     parser.add_argument("--smoke", action="store_true", help="a few seconds: small runs, 2 pairs")
     args = parser.parse_args()
     if args.serve_stub is not None:
@@ -268,6 +283,7 @@ def main() -> None:
         return
     if args.smoke:
         args.episodes, args.stub_in_flight, args.in_flight, args.pairs, args.max_new_tokens = 64, 64, 16, 2, 32
+        args.batches = 1
     cpus = sorted(os.sched_getaffinity(0))
     server_cpus, client_cpus = {cpus[0]}, set(cpus[1:]) or {cpus[0]}
     print(harness.machine_line())
@@ -321,7 +337,9 @@ def real_server_measurement(
         )
         os.sched_setaffinity(0, client_cpus)
         with server:
-            return server_overhead(server.address, server.proc.pid, args.in_flight, args.pairs, args.max_new_tokens)
+            return server_overhead(
+                server.address, server.proc.pid, args.in_flight, args.pairs, args.max_new_tokens, args.batches
+            )
 
 
 def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
@@ -333,8 +351,13 @@ def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
         raise SystemExit("every raw run used less server CPU than the clock resolves: raise --max-new-tokens")
     cpu_pct = [(o - r) / s * 100 for r, o, s in triples]
     print(
-        f"built-in server, {args.in_flight} requests in flight, {args.max_new_tokens} new tokens, {args.pairs} pairs:"
+        f"built-in server, {args.in_flight} requests in flight, {args.max_new_tokens} new tokens, "
+        f"{args.batches} rounds per run, {args.pairs} pairs:"
     )
+    requests = args.in_flight * args.batches
+    for name in ("raw", "orchestrated"):
+        per = [c / requests * 1e3 for c in m[name + "_cpu"]]
+        print(f"  {name:<12} client CPU ms per request: {harness.spread(per, '.3f')}")
     for name in ("raw", "orchestrated"):
         print(f"  {name:<12} wall s: {harness.spread(m[name], '.3f')}")
         print(f"  {name:<12} client CPU s: {harness.spread(m[name + '_cpu'], '.3f')}")

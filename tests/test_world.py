@@ -3,11 +3,17 @@ environment fails naming what is missing."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import socket
 import subprocess
+import time
 
 import pytest
 
 from arealite import world
+from arealite.utils.net import free_ports
 from tests.train.helpers import PYTHON, subprocess_env
 
 
@@ -40,3 +46,53 @@ def test_more_local_ranks_than_gpus_is_refused_naming_both(monkeypatch):
     monkeypatch.setenv("AREALITE_TRAIN_DEVICE", "tpu")
     with pytest.raises(ValueError, match="AREALITE_TRAIN_DEVICE='tpu'"):
         world.device_type()
+
+
+STALLING_RANKS = """
+import os, signal, sys, time
+from arealite import world
+world.init_distributed(backend="gloo", timeout=float(sys.argv[1]))
+import torch
+t = torch.ones(4)
+for step in range(6):
+    if world.rank() == int(sys.argv[2]) and step == 3:
+        print(f"rank stops at {time.time():.3f}", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)  # hangs as a wedged rank or a silent host does
+    world.all_reduce(t)
+"""
+
+
+def test_a_stalled_rank_is_named_within_dist_timeout_and_the_window(tmp_path):
+    """Three ranks under torchrun; rank 1 stops in the middle of the job. The others' next
+    all-reduce times out after dist_timeout; each then names rank 1 and its host, by
+    dist_timeout + LOST_RANK_WINDOW + a margin for the check-in, never the healthy ranks."""
+    script = tmp_path / "stall.py"
+    script.write_text(STALLING_RANKS)
+    dist_timeout, lost = 3.0, 1
+    cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "3", f"--master-port={free_ports(1)[0]}",
+           str(script), str(dist_timeout), str(lost)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    lines, stopped_at, named_at = [], None, []
+    try:
+        deadline = time.monotonic() + 180
+        while len(named_at) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if found := re.search(r"rank stops at ([\d.]+)", line):
+                stopped_at = float(found.group(1))
+            if "[arealite] lost trainer rank" in line:
+                named_at.append(time.time())
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the stopped rank would keep torchrun waiting 30 s more
+        proc.wait(timeout=30)
+    out = "".join(lines)
+    named = re.findall(r"lost trainer rank (\d+) \(host ([^)]*)\)", out)
+    assert stopped_at is not None and len(named) == 2, out[-4000:]  # ranks 0 and 2 each name it
+    assert set(named) == {(str(lost), socket.gethostname())}, out[-4000:]
+    took = max(named_at) - stopped_at
+    window = world.LOST_RANK_WINDOW
+    print(f"rank {lost} named {took:.1f}s after it stopped (dist_timeout {dist_timeout}s, window {window}s)")
+    assert took <= dist_timeout + world.LOST_RANK_WINDOW + 10, out[-4000:]
