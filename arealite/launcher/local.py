@@ -11,6 +11,8 @@ process to `<run_dir>/processes.jsonl`. A dead server is restarted on its addres
 stopped. The exit code is the trainer's, or non-zero with a message naming what failed.
 With a `judge:` whose `path` is set and `address` empty, one more built-in server serves the
 judge model (never trained, never weight-synced) and `AREAL_JUDGE_SERVER_ADDRS` names it.
+Every built-in server watches the launcher's pid (`AREALITE_PARENT_PID`, set to this process
+whatever the inherited value) and stops once the launcher is gone, SIGKILL included.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from arealite.launcher.server_cmd import judge_server_command, resolve_backend, 
 from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import SupervisedServer, log, prepare_run_dir, record_process
 from arealite.utils import net
+from arealite.utils.parent_watch import PARENT_PID_ENV
 
 HOST = "127.0.0.1"
 POLL_INTERVAL = 0.5  # seconds between supervision steps
@@ -121,7 +124,7 @@ class LocalRun:
     def start_servers(self, backend: str, gpus: list[list[str]] | None) -> None:
         launcher = self.config.launcher
         for i, port in enumerate(net.free_ports(launcher.n_servers, HOST)):
-            env = dict(os.environ)
+            env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})  # it stops once the launcher is gone
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
             if backend == "builtin":  # torch threads = its reserved CPUs, as for the trainer (see trainer_env)
@@ -149,7 +152,11 @@ class LocalRun:
             time.sleep(0.3)
 
     def start_judge(self, port: int) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            PARENT_PID_ENV: str(os.getpid()),
+        }
         judge = SupervisedServer(
             name="judge-0",
             cmd=judge_server_command(self.config, HOST, port),
