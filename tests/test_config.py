@@ -147,6 +147,8 @@ def test_help_on_the_example_and_through_the_launchers_exits_zero():
     import sys
     from pathlib import Path
 
+    from arealite.launcher.process import with_package_path
+
     repo = Path(__file__).resolve().parents[1]
     script = "examples/gsm8k_grpo.py"
     commands = {
@@ -157,7 +159,8 @@ def test_help_on_the_example_and_through_the_launchers_exits_zero():
         "local, before SCRIPT": [sys.executable, "-m", "arealite.launcher.local", "--help"],
     }  # fmt: skip
     for what, cmd in commands.items():
-        proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=300)
+        env = with_package_path(None)  # the example imports arealite from this checkout, installed or not
+        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, (what, proc.stderr[-2000:])
         if "before" in what:
             assert proc.stdout.startswith("usage: python -m arealite.launcher.local") and "SCRIPT --help" in proc.stdout
