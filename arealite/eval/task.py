@@ -22,7 +22,16 @@ SYNTHETIC = ("arithmetic", "fibonacci")  # tasks generated here, with a test spl
 
 
 def reward_fn_for(config: GRPOConfig) -> Any:
-    """`config.reward_fn` ("module:function") if set, else the train dataset type's reward."""
+    """`config.reward_fn` ("module:function"), the `judge` or the `reward_model` if set, else the
+    train dataset type's reward."""
+    if config.judge is not None:
+        from arealite.reward.judge import JudgeReward
+
+        return JudgeReward(config.judge)
+    if config.reward_model is not None:
+        from arealite.reward.classifier import ClassifierReward
+
+        return ClassifierReward(config.reward_model)
     return import_object(config.reward_fn) if config.reward_fn else REWARDS[config.train_dataset.type]
 
 

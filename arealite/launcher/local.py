@@ -9,6 +9,10 @@ to `<run_dir>/logs/`, the resolved config to `<run_dir>/config.yaml`, and every 
 process to `<run_dir>/processes.jsonl`. A dead server is restarted on its address up to
 `launcher.max_server_restarts` times; after that, or on Ctrl-C/SIGTERM, everything is
 stopped. The exit code is the trainer's, or non-zero with a message naming what failed.
+With a `judge:` whose `path` is set and `address` empty, one more built-in server serves the
+judge model (never trained, never weight-synced) and `AREAL_JUDGE_SERVER_ADDRS` names it.
+Every built-in server watches the launcher's pid (`AREALITE_PARENT_PID`, set to this process
+whatever the inherited value) and stops once the launcher is gone, SIGKILL included.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from arealite.config import ConfigError, GRPOConfig
 from arealite.devices import check_gpus_for_ranks, requested_train_device
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, stop_all
-from arealite.launcher.server_cmd import resolve_backend, server_command, visible_gpus
+from arealite.launcher.server_cmd import judge_server_command, resolve_backend, server_command, visible_gpus
 from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import SupervisedServer, log, prepare_run_dir, record_process
 from arealite.utils import net
+from arealite.utils.parent_watch import PARENT_PID_ENV
 
 HOST = "127.0.0.1"
 POLL_INTERVAL = 0.5  # seconds between supervision steps
@@ -110,6 +115,7 @@ class LocalRun:
         self.run_dir = os.path.abspath(self.config.run_dir)
         self.log_dir = os.path.join(self.run_dir, "logs")
         self.servers: list[SupervisedServer] = []
+        self.judges: list[SupervisedServer] = []  # servers of judge.path: no weight sync reaches them
         self.trainer: ManagedProcess | None = None
 
     def _record(self, name: str, pid: int, addr: str) -> None:
@@ -118,7 +124,7 @@ class LocalRun:
     def start_servers(self, backend: str, gpus: list[list[str]] | None) -> None:
         launcher = self.config.launcher
         for i, port in enumerate(net.free_ports(launcher.n_servers, HOST)):
-            env = dict(os.environ)
+            env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})  # it stops once the launcher is gone
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
             if backend == "builtin":  # torch threads = its reserved CPUs, as for the trainer (see trainer_env)
@@ -136,20 +142,43 @@ class LocalRun:
             )
             self.servers.append(server)
             server.start()
-        log(f"started {len(self.servers)} {backend} server(s); waiting for /health")
-        while not all(s.healthy for s in self.servers):
-            for s in self.servers:
+        judge = self.config.judge
+        if judge is not None and judge.path and not judge.address:
+            self.start_judge(net.free_ports(1, HOST, exclude={s.port for s in self.servers})[0])
+        log(f"started {len(self.servers)} {backend} server(s) and {len(self.judges)} judge(s); waiting for /health")
+        while not all(s.healthy for s in self.servers + self.judges):
+            for s in self.servers + self.judges:
                 s.check()
             time.sleep(0.3)
 
+    def start_judge(self, port: int) -> None:
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            PARENT_PID_ENV: str(os.getpid()),
+        }
+        judge = SupervisedServer(
+            name="judge-0",
+            cmd=judge_server_command(self.config, HOST, port),
+            host=HOST,
+            port=port,
+            log_path=os.path.join(self.log_dir, "judge-0.log"),
+            max_restarts=self.config.launcher.max_server_restarts,
+            start_timeout=self.config.launcher.server_start_timeout,
+            env=env,
+            on_start=self._record,
+        )
+        self.judges.append(judge)
+        judge.start()
+
     def start_trainer(self, gpus: list[str] | None) -> None:
-        master_port = net.free_ports(1, HOST, exclude={s.port for s in self.servers})[0]
+        master_port = net.free_ports(1, HOST, exclude={s.port for s in self.servers + self.judges})[0]
         addrs = [s.addr for s in self.servers]
+        env = trainer_env(addrs, master_port, gpus, self.config.launcher.cpus_per_trainer)
+        if self.judges:
+            env[net.JUDGE_ADDRS_ENV] = ",".join(s.addr for s in self.judges)
         self.trainer = ManagedProcess(
-            "trainer",
-            trainer_command(self.args, master_port),
-            os.path.join(self.log_dir, "trainer.log"),
-            trainer_env(addrs, master_port, gpus, self.config.launcher.cpus_per_trainer),
+            "trainer", trainer_command(self.args, master_port), os.path.join(self.log_dir, "trainer.log"), env
         )
         self.trainer.start(echo=True)
         self._record("trainer", self.trainer.pid or -1, "")
@@ -163,7 +192,7 @@ class LocalRun:
             if code is not None:
                 log(f"trainer {describe_exit(code)}")
                 return exit_status(code)
-            for s in self.servers:
+            for s in self.servers + self.judges:
                 s.check()
             time.sleep(POLL_INTERVAL)
 
@@ -183,7 +212,7 @@ class LocalRun:
     def stop(self) -> None:
         """Stop the trainer and every server; never interrupted by a second signal."""
         with signals_ignored():
-            procs = ([self.trainer] if self.trainer else []) + [s.process for s in self.servers]
+            procs = ([self.trainer] if self.trainer else []) + [s.process for s in self.servers + self.judges]
             stop_all(procs)
 
 

@@ -75,3 +75,14 @@ def server_command(config: GRPOConfig, host: str, port: int, backend: str, pytho
         # adapters are loaded at run time: the server must reserve their rank and layers up front
         cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--lora-target-modules", *lora.target_modules]
     return cmd + list(server.extra_args)
+
+
+def judge_server_command(config: GRPOConfig, host: str, port: int, python: str | None = None) -> list[str]:
+    """The argv of the built-in server that serves `judge.path` (docs/reward_models.md): no
+    weight updates ever reach it, so it takes only the server's shared settings."""
+    if config.judge is None or not config.judge.path:
+        raise ConfigError("no judge model to serve: set judge.path=DIR, or judge.address=host:port of a running one")
+    server = config.server
+    cmd = [python or sys.executable, "-m", "arealite.server", "--model-path", config.judge.path]
+    cmd += ["--host", host, "--port", str(port), "--random-seed", str(server.random_seed)]
+    return cmd + ["--max-running-requests", str(max(server.max_running_requests, config.judge.max_batch_size))]

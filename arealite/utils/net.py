@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 # The environment variable a launcher sets for the training script: `host:port,host:port`.
 SERVER_ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
+# The same for the judge servers (arealite.reward.judge), which no weight sync reaches.
+JUDGE_ADDRS_ENV = "AREAL_JUDGE_SERVER_ADDRS"
 
 
 def host_address() -> str:

@@ -6,6 +6,10 @@ A reward that raises or times out is counted in `stats` and handled by `on_rewar
 - "raise": the episode fails, and with it the batch;
 - "zero": scored 0.0 — only when asked for, and still counted.
 
+A reward object with an `ascore` coroutine (an LLM judge, a reward model: `arealite.reward`)
+is awaited in the workflow's event loop instead, so that it can batch concurrent samples;
+its failures are counted and handled the same way.
+
 A reward function that declares a `truncated` parameter also gets whether the response ran
 out of its token budget before a stop token (`arealite.workflow.truncation`); others are
 called exactly as before.
@@ -37,7 +41,8 @@ class Scorer:
         self.pool = pool
         self.on_reward_error = on_reward_error
         self.stats = stats
-        self.wants_truncated = _declares(reward_fn, "truncated")
+        self.in_process = inspect.iscoroutinefunction(getattr(reward_fn, "ascore", None))  # batches on its own
+        self.wants_truncated = _declares(getattr(reward_fn, "ascore", reward_fn), "truncated")
         stats.setdefault("reward_errors", 0)
         stats.setdefault("reward_timeouts", 0)
 
@@ -55,6 +60,8 @@ class Scorer:
         if self.wants_truncated:
             extra["truncated"] = bool(truncated)
         try:
+            if self.in_process:
+                return await self.reward_fn.ascore(prompt, completion, list(prompt_ids), list(completion_ids), **extra)
             return await self.pool.ascore(
                 self.reward_fn, prompt, completion, list(prompt_ids), list(completion_ids), **extra
             )

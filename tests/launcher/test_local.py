@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -13,7 +15,10 @@ from arealite.config import GRPOConfig, load_config
 from arealite.launcher.launch_args import parse_launch_args
 from arealite.launcher.local import LocalRun, main
 from arealite.launcher.process import ManagedProcess
+from arealite.utils.parent_watch import PARENT_PID_ENV, POLL_INTERVAL
 from tests.devices import train_device_env
+from tests.launcher.conftest import pid_alive
+from tests.launcher.trainer_script import generate
 from tests.tolerance import tolerance
 
 pytestmark = pytest.mark.timeout(240)
@@ -158,3 +163,23 @@ def test_gpu_placement_allows_what_works(tmp_path, monkeypatch):
     check_gpu_placement(config("weight_update=distributed", "server.extra_args=[--device,cpu]"), "builtin", ["0"])
     monkeypatch.setenv("AREALITE_TRAIN_DEVICE", "cpu")  # trainer ranks on the CPU: any number, no NCCL
     check_gpu_placement(config("launcher.n_trainers=2", "weight_update=distributed"), "builtin", ["0"])
+
+
+def test_judge_server_is_served_and_dies_with_a_killed_launcher(launch, tiny_model_dir):
+    """The judge's server runs beside the policy's, survives an AREALITE_PARENT_PID inherited
+    from the launcher's own environment (which names a process that is not its parent), and
+    stops with every other child once the launcher is SIGKILLed (no cleanup runs then)."""
+    judge = [f"judge.path={tiny_model_dir}", "judge.timeout=5"]
+    run = launch("local", [f"actor.path={tiny_model_dir}", *judge], mode="wait", env={PARENT_PID_ENV: str(os.getpid())})
+    run.wait_for(run.trainers_started(1), what="the trainer")
+    judge_server = next(p for p in run.processes() if p["name"] == "judge-0")
+    time.sleep(3 * POLL_INTERVAL)  # a server watching the wrong parent would have stopped by now
+    assert len(generate(judge_server["addr"])["output_ids"]) == 2
+    pids = set(run.alive_pids(run.descendants()))
+    assert judge_server["pid"] in pids and len(pids) >= 3  # judge, policy server, trainer
+    run.proc.send_signal(signal.SIGKILL)
+    run.proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while [p for p in pids if pid_alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if pid_alive(p)]
