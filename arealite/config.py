@@ -370,23 +370,23 @@ class DatasetConfig:
 
     path: str = ""  # what datasets reads: a json/jsonl/parquet/csv/arrow file, a save_to_disk folder, a folder of data
     # files, or a cached hub name (HF_HUB_OFFLINE=1); unused for type=arithmetic
-    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | fibonacci | jsonl (generic records in any of path's
-    # formats); arithmetic and fibonacci are synthetic (arealite/data/)
+    type: str = "gsm8k"  # gsm8k | math500 | arithmetic | walk | jsonl (generic records in any of path's
+    # formats); arithmetic and walk are synthetic (arealite/data/)
     split: str | None = None  # split of a multi-split source (hub name, folder, DatasetDict); None: train for
     # train_dataset, test for valid_dataset
     subset: str | None = None  # hub dataset configuration, e.g. main for openai/gsm8k
     batch_size: int = 8  # prompts per step (across all ranks)
     shuffle: bool = True  # reshuffle the records every epoch (seeded by the experiment seed)
-    num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic or fibonacci)
+    num_samples: int = 1000  # size of a synthetic dataset (type=arithmetic or walk)
     max_prompt_tokens: int | None = None  # drop prompts longer than this
     max_operand: int = 20  # type=arithmetic: operands are drawn from min_operand..max_operand
     min_operand: int = 0  # type=arithmetic: smallest operand (e.g. 32 with max 99 and ops "*": four-digit products)
     ops: str = "+-"  # type=arithmetic: operators to draw from (any of + - *)
-    median_steps: float = 6.0  # type=fibonacci: median number of worked steps (log-normal, so a long tail)
-    max_steps: int = 99  # type=fibonacci: most steps of a problem (at most 99)
+    median_steps: float = 7.0  # type=walk: median number of worked steps (log-normal, so a long tail)
+    max_steps: int = 99  # type=walk: most steps of a problem (at most 99)
 
     def __post_init__(self) -> None:
-        _check_choice("dataset", "type", self.type, ("gsm8k", "math500", "arithmetic", "fibonacci", "jsonl"))
+        _check_choice("dataset", "type", self.type, ("gsm8k", "math500", "arithmetic", "walk", "jsonl"))
         _check_positive("dataset", "batch_size", self.batch_size)
 
 
