@@ -56,7 +56,7 @@ TruncatedBaseline = Literal["zero", "score"]
 OverlongStage = Literal["after_shaping", "before_shaping"]
 PolicyLoss = Literal["ppo", "cispo", "sapo"]  # algo.losses.OBJECTIVES
 RolloutCorrectionLevel = Literal["none", "token", "sequence"]
-DatasetType = Literal["gsm8k", "math500", "arithmetic", "fibonacci", "jsonl"]
+DatasetType = Literal["gsm8k", "math500", "arithmetic", "walk", "jsonl"]
 ServerBackend = Literal["auto", "builtin", "sglang"]
 ServerDtype = Literal["auto", "float32", "bfloat16", "float16"]
 WandbMode = Literal["disabled", "offline", "online"]
@@ -432,7 +432,7 @@ class DatasetConfig:
     )
     type: DatasetType = setting(
         "gsm8k",
-        "jsonl: generic records in any of path's formats; arithmetic and fibonacci are synthetic (arealite/data/)",
+        "jsonl: generic records in any of path's formats; arithmetic and walk are synthetic (arealite/data/)",
     )
     split: str | None = setting(
         None,
@@ -442,15 +442,15 @@ class DatasetConfig:
     subset: str | None = setting(None, "hub dataset configuration, e.g. main for openai/gsm8k")
     batch_size: int = setting(8, "prompts per step (across all ranks)")
     shuffle: bool = setting(True, "reshuffle the records every epoch (seeded by the experiment seed)")
-    num_samples: int = setting(1000, "size of a synthetic dataset (type=arithmetic or fibonacci)")
+    num_samples: int = setting(1000, "size of a synthetic dataset (type=arithmetic or walk)")
     max_prompt_tokens: int | None = setting(None, "drop prompts longer than this")
     max_operand: int = setting(20, "type=arithmetic: operands are drawn from min_operand..max_operand")
     min_operand: int = setting(
         0, 'type=arithmetic: smallest operand (e.g. 32 with max 99 and ops "*": four-digit products)'
     )
     ops: str = setting("+-", "type=arithmetic: operators to draw from (any of + - *)")
-    median_steps: float = setting(6.0, "type=fibonacci: median number of worked steps (log-normal, so a long tail)")
-    max_steps: int = setting(99, "type=fibonacci: most steps of a problem (at most 99)")
+    median_steps: float = setting(7.0, "type=walk: median number of worked steps (log-normal, so a long tail)")
+    max_steps: int = setting(99, "type=walk: most steps of a problem (at most 99)")
 
     def __post_init__(self) -> None:
         _check_choices(self, "dataset")

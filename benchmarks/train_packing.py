@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/train_packing.py                  # tiny Qwen2 built on the spot
     PYTHONPATH=. python benchmarks/train_packing.py --lengths 512,512,64,40 [--repeats 7]
+    PYTHONPATH=. python benchmarks/train_packing.py --lengths walk --seqs 128    # the reasoning job's answers
     PYTHONPATH=. python benchmarks/train_packing.py --lengths my_module:lengths   # any length source
 
 Two FSDPEngines in this process, loaded from the same weights with the same optimizer
@@ -20,6 +21,8 @@ reaches the model:
 
 Lengths: `--lengths` takes `skewed` (default: `--seqs` rows, `--n-long` of `--long-len`
 tokens, the rest `--short-len`/2 to `--short-len`: RL rollouts with a few long answers),
+`walk` (`--seqs` rows of the reasoning job's correct answers, drawn by
+`arealite.data.walk.response_lengths` with the task settings of configs/tiny_cpu_reasoning.yaml),
 a comma list of integers, or `module:function` (a function of the seed returning a list of
 lengths), so the same comparison runs on another workload's lengths.
 
@@ -61,10 +64,22 @@ def skewed_lengths(seqs: int, short_len: int, long_len: int, n_long: int, seed: 
     return [long_len if i < n_long else short[i] for i in range(seqs)]
 
 
+def walk_lengths(seqs: int, seed: int = 0) -> list[int]:
+    """Rows of the reasoning job: a prompt, then a correct answer of its long-tailed length."""
+    from arealite.config import GRPOConfig, load_config
+    from arealite.data.walk import response_lengths
+
+    config = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "tiny_cpu_reasoning.yaml")
+    task = load_config(["--config", config], GRPOConfig).train_dataset
+    return [PROMPT + n for n in response_lengths(seqs, seed, task.median_steps, task.max_steps)]
+
+
 def lengths_from(spec: str, a: argparse.Namespace) -> list[int]:
-    """`--lengths`: `skewed`, `L1,L2,...`, or `module:function` (called with the seed)."""
+    """`--lengths`: `skewed`, `walk`, `L1,L2,...`, or `module:function` (called with the seed)."""
     if spec == "skewed":
         return skewed_lengths(a.seqs, a.short_len, a.long_len, a.n_long, a.seed)
+    if spec == "walk":
+        return walk_lengths(a.seqs, a.seed)
     if ":" in spec:
         module, _, name = spec.partition(":")
         source: Callable[[int], list[int]] = getattr(importlib.import_module(module), name)
@@ -146,8 +161,8 @@ def timed(step, engine: FSDPEngine, batch: dict, groups: list[list[int]]) -> tup
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-path", default=None, help="HF model folder; default: a tiny Qwen2 (4 layers, hidden 128)")
-    p.add_argument("--lengths", default="skewed", help="skewed | L1,L2,... | module:function (of the seed)")
-    p.add_argument("--seqs", type=int, default=16, help="skewed: rows")
+    p.add_argument("--lengths", default="skewed", help="skewed | walk | L1,L2,... | module:function (of the seed)")
+    p.add_argument("--seqs", type=int, default=16, help="skewed, walk: rows")
     p.add_argument("--short-len", type=int, default=64, help="skewed: short rows have short-len/2 to short-len tokens")
     p.add_argument("--long-len", type=int, default=512, help="skewed: tokens of a long row")
     p.add_argument("--n-long", type=int, default=2, help="skewed: long rows")

@@ -9,8 +9,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from arealite.config import ConfigError, DatasetConfig
 from arealite.data.arithmetic import make_arithmetic_dataset
-from arealite.data.fibonacci import make_fibonacci_dataset
 from arealite.data.math_datasets import DatasetError, load_generic, load_gsm8k, load_math500
+from arealite.data.walk import make_walk_dataset
 
 
 class RecordDataset(Dataset):
@@ -40,8 +40,8 @@ def load_records(
             config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split,
             min_operand=config.min_operand,
         )  # fmt: skip
-    if config.type == "fibonacci":
-        return make_fibonacci_dataset(
+    if config.type == "walk":
+        return make_walk_dataset(
             config.num_samples, seed=seed, split=split, median_steps=config.median_steps, max_steps=config.max_steps
         )
     source = dataset if dataset is not None else config.path

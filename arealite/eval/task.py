@@ -6,8 +6,8 @@ from typing import Any
 
 from arealite.config import GRPOConfig
 from arealite.data.arithmetic import arithmetic_reward_fn
-from arealite.data.fibonacci import fibonacci_reward_fn
 from arealite.data.loader import filter_by_prompt_length, load_records
+from arealite.data.walk import walk_reward_fn
 from arealite.reward.math import boxed_reward_fn, gsm8k_reward_fn
 from arealite.utils.imports import import_object
 
@@ -16,9 +16,9 @@ REWARDS = {
     "math500": boxed_reward_fn,
     "jsonl": boxed_reward_fn,
     "arithmetic": arithmetic_reward_fn,
-    "fibonacci": fibonacci_reward_fn,
+    "walk": walk_reward_fn,
 }
-SYNTHETIC = ("arithmetic", "fibonacci")  # tasks generated here, with a test split of their own
+SYNTHETIC = ("arithmetic", "walk")  # tasks generated here, with a test split of their own
 
 
 def reward_fn_for(config: GRPOConfig) -> Any:

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from arealite.config import GRPOConfig, load_config
+from arealite.data.walk import TOKENS_PER_STEP
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,12 +67,12 @@ def test_reasoning_job_and_its_async_variant_share_model_task_and_evaluation():
     sync, variant = _load("tiny_cpu_reasoning.yaml"), _load("tiny_cpu_reasoning_async.yaml")
     build, sft = (shlex.split(c) for c in sync.launcher.setup_commands)
     assert build[:4] == ["python", "-m", "arealite.tools.tiny_model", sync.sft.base_path]
-    assert sft == ["python", "-m", "arealite.tools.sft_warmstart", "--config", "configs/tiny_cpu_reasoning.yaml"]
-    assert sync.train_dataset.type == "fibonacci" and sync.rollout.max_head_offpolicyness == 0
+    assert sft[-5:] == ["python", "-m", "arealite.tools.sft_warmstart", "--config", "configs/tiny_cpu_reasoning.yaml"]
+    assert sync.train_dataset.type == "walk" and sync.rollout.max_head_offpolicyness == 0
     assert variant.launcher.setup_commands == sync.launcher.setup_commands  # the same SFT warm start
     assert variant.actor.path == sync.actor.path and variant.sft == sync.sft
     assert variant.train_dataset == sync.train_dataset and variant.evaluator == sync.evaluator
     assert variant.gconfig == sync.gconfig and variant.experiment_name != sync.experiment_name
     assert variant.rollout.max_head_offpolicyness >= 1 and variant.actor.use_decoupled_loss
     # every correct answer fits the budget: truncation means a policy that does not stop
-    assert sync.gconfig.max_new_tokens >= 9 * sync.train_dataset.max_steps
+    assert sync.gconfig.max_new_tokens >= TOKENS_PER_STEP * sync.train_dataset.max_steps
