@@ -3,9 +3,9 @@
 disk (docs/protocol.md §3.2), distributed (§3.3-3.4: one call per bucket while the trainer's
 rank 0 broadcasts it) and lora (load the new adapter, set the version, unload the old one).
 Every update carries `weight_version`; what else the body holds follows the engine's
-`pause_mode` (docs/protocol.md §3.1, §3.9; adapters: docs/lora.md). A server out of rotation is skipped and brought up to date
-when it rejoins; in a distributed group the live members keep being fed when one fails
-(docs/reliability.md).
+`pause_mode` (docs/protocol.md §3.1, §3.9; adapters: docs/lora.md). A server out of
+rotation is skipped and brought up to date when it rejoins; in a distributed group the live
+members keep being fed when one fails (docs/reliability.md).
 """
 
 from __future__ import annotations
