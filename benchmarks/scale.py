@@ -1,0 +1,527 @@
+"""Cost curves: how weight sync, trainer memory and the rollout client scale.
+
+    PYTHONPATH=. python benchmarks/scale.py [--out runs/scale] [--repeats 3] [--parts abc] [--smoke]
+
+(a) Weight-sync seconds per GB, disk and distributed, across hosts: the trainer side (an
+    FSDPEngine in a world of one, a RemoteSGLangEngine, two WeightSyncs) in one simulated
+    host, a built-in server (`launch_server_process`) in another (tests/multinode/netns.py:
+    network namespaces on a private bridge; needs root), for Qwen2 models of ~10M to ~315M
+    parameters. The floor is the link: a timed TCP transfer of a large buffer between the
+    two hosts with plain sockets, the best of 3. `weight_sync_vs_floor` = the distributed
+    sync's seconds per GB over the link's, largest model (goal <= 3); the disk sync's is
+    printed beside it (its bytes never cross the link: the hosts share one file system).
+(b) Trainer memory per rank at 1 and 2 ranks (gloo) for the largest model: peak RSS over one
+    real optimizer step (AdamW) of arealite's FSDP2 engine, the peak reset once the engine
+    is built. `fsdp_mem_2ranks_vs_1` = the larger rank's peak at 2 ranks over the peak at 1
+    (goal <= 0.6: parameters, gradients and Adam state sharded).
+(c) Client CPU per trajectory at 256, 1,024 and 4,096 requests in flight across 4 stub
+    servers (benchmarks/rollout_overhead.py's stub, holding each request STUB_HOLD_S so that
+    every request of a round is in flight at once). `client_cpu_flatness` = the CPU per
+    trajectory at the most in flight over that at the fewest (goal: flat, 1.0).
+Writes one plot per part to `--out`. Without root (or `ip netns`), (a) runs both sides on
+loopback and says so. The last line is `weight_sync_vs_floor=<x>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness
+
+# (a)'s models: Qwen2 shapes from ~10M to ~315M parameters (vocabulary 512, fp32)
+SIZES = [
+    dict(layers=3, hidden=512, heads=8, kv_heads=4, intermediate=1536),
+    dict(layers=3, hidden=768, heads=12, kv_heads=4, intermediate=3072),
+    dict(layers=6, hidden=1024, heads=16, kv_heads=8, intermediate=4096),
+    dict(layers=20, hidden=1024, heads=16, kv_heads=8, intermediate=4096),
+]
+SMOKE_SIZES = [dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128)]
+LEVELS, SMOKE_LEVELS = (256, 1024, 4096), (16, 64)
+STUBS = 4
+STUB_HOLD_S = 0.25
+SERVER_PORT, LINK_PORT = 30000, 30001  # each simulated host has its own ports: fixed ones are free there
+
+
+def free_port(hosts, fixed: int) -> int:
+    """A port to listen on: `fixed` in a simulated host, a free one on the shared loopback."""
+    from arealite.utils.net import free_ports
+
+    return fixed if hosts else free_ports(1)[0]
+
+
+CHUNK = 4 << 20  # socket read/write size of the link measurement
+
+
+# ---- the link floor --------------------------------------------------------------------------
+
+
+def tcp_receive(port: int) -> None:
+    """Accept one connection, read it to EOF, answer the byte count (the sender's clock stops)."""
+    with socket.create_server(("", port)) as server:
+        conn, _ = server.accept()
+        with conn:
+            buf, total = bytearray(CHUNK), 0
+            while n := conn.recv_into(buf):
+                total += n
+            conn.sendall(total.to_bytes(8, "big"))
+
+
+def tcp_send(address: str, port: int, nbytes: int) -> None:
+    """Print the seconds from connect to the receiver's answer for `nbytes` bytes."""
+    payload = memoryview(bytearray(os.urandom(1024)) * (CHUNK // 1024))
+    deadline = time.monotonic() + 30
+    while True:  # the receiver may still be starting
+        try:
+            conn = socket.create_connection((address, port), timeout=60)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    with conn:
+        start = time.perf_counter()
+        for sent in range(0, nbytes, CHUNK):
+            conn.sendall(payload[: min(CHUNK, nbytes - sent)])
+        conn.shutdown(socket.SHUT_WR)
+        received = int.from_bytes(conn.recv(8), "big")
+        seconds = time.perf_counter() - start
+    if received != nbytes:
+        raise SystemExit(f"the receiver got {received} bytes of {nbytes}")
+    print(seconds)
+
+
+class LinkSide:
+    """The floor as a side of `harness.run_paired`: one timed TCP transfer of `nbytes` from
+    hosts[0] to hosts[1] (loopback when `hosts` is None) per run, by two plain processes."""
+
+    def __init__(self, hosts, nbytes: int) -> None:
+        self.hosts, self.nbytes = hosts, nbytes
+
+    def run(self) -> dict:
+        hosts, script, port = self.hosts, os.path.abspath(__file__), str(free_port(self.hosts, LINK_PORT))
+        recv = [sys.executable, script, "--tcp-recv", port]
+        send = [sys.executable, script, "--tcp-send", hosts[1].addr if hosts else "127.0.0.1", port, str(self.nbytes)]
+        receiver = subprocess.Popen(hosts[1].wrap(recv) if hosts else recv)
+        done = subprocess.run(hosts[0].wrap(send) if hosts else send, capture_output=True, text=True, timeout=300)
+        receiver.wait(timeout=60)
+        if done.returncode != 0:
+            raise SystemExit(f"the link measurement failed: {done.stderr[-2000:]}")
+        return {"wall": float(done.stdout.split()[-1])}
+
+
+# ---- (a) weight sync: the two sides, each in its own host -------------------------------------
+
+
+def server_setup(args: argparse.Namespace):
+    from arealite.server.process import launch_server_process
+
+    log = os.path.join(args.run_dir, "server.log")
+    return launch_server_process(
+        args.model_path, port=int(args.port), host=args.host, env=harness.CPU_ONLY, log_path=log, timeout=600
+    )
+
+
+def trainer_setup(args: argparse.Namespace) -> dict:
+    """The trainer side: an engine without optimizer (a sync moves weights only), a rollout
+    client of the server, a disk and a distributed WeightSync."""
+    from arealite.config import InferenceEngineConfig, TrainEngineConfig
+    from arealite.rollout import RemoteSGLangEngine
+    from arealite.train.engine import FSDPEngine
+    from arealite.weight_sync import WeightSync
+
+    actor = FSDPEngine(TrainEngineConfig(path=args.model_path, optimizer=None)).initialize()
+    rollout = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=600, weight_update_timeout=600), [args.server])
+    rollout.initialize()
+    syncs = {
+        "disk": WeightSync(actor, rollout, "disk", run_dir=args.run_dir, keep_versions=1),
+        "distributed": WeightSync(actor, rollout, "distributed", backend="gloo"),
+    }
+    return {"actor": actor, "rollout": rollout, "syncs": syncs, "version": 0}
+
+
+def trainer_run(state: dict, request: dict) -> dict:
+    state["version"] += 1
+    start = time.perf_counter()
+    state["syncs"][request["mode"]].sync(state["version"])
+    return {"wall": time.perf_counter() - start}
+
+
+def trainer_teardown(state: dict) -> None:
+    for sync in state["syncs"].values():
+        sync.close()
+    state["rollout"].destroy()
+    state["actor"].destroy()
+
+
+def worker(args: argparse.Namespace) -> None:
+    if args.worker == "server":
+        harness.serve_runs(lambda: server_setup(args), lambda s, r: {}, lambda s: s.stop())
+    else:
+        harness.serve_runs(lambda: trainer_setup(args), trainer_run, trainer_teardown)
+
+
+def sync_curve_point(model: str, hosts, link: LinkSide, repeats: int, logs: str) -> dict[str, list[float]]:
+    """Seconds per sync, disk and distributed, and per link transfer: `repeats` paired runs."""
+    cpus = set(os.sched_getaffinity(0))
+    server_host, port = hosts[1].addr if hosts else "127.0.0.1", str(free_port(hosts, SERVER_PORT))
+    trainer_host = hosts[0].addr if hosts else "127.0.0.1"
+    run_dir = tempfile.mkdtemp(prefix="scale_sync_", dir=logs)
+    script = os.path.abspath(__file__)
+    common = ["--model-path", model, "--run-dir", run_dir]
+    server = harness.SideProcess(
+        "server", [script, "--worker", "server", "--host", server_host, "--port", port, *common], cpus,
+        os.path.join(logs, "sync_server.log"), env=harness.CPU_ONLY, wrap=hosts[1].wrap if hosts else None,
+    )  # fmt: skip
+    try:  # the trainer starts beside the server: its rollout client waits for /health
+        trainer = harness.SideProcess(
+            "trainer", [script, "--worker", "trainer", "--server", f"{server_host}:{port}", *common], cpus,
+            os.path.join(logs, "sync_trainer.log"), env={**harness.CPU_ONLY, "MASTER_ADDR": trainer_host},
+            wrap=hosts[0].wrap if hosts else None,
+        )  # fmt: skip
+        with trainer:
+            print("  server:", *server.ready["resources"], sep="\n    ")
+            print("  trainer:", *trainer.ready["resources"], sep="\n    ")
+            plan = {mode: (trainer, {"mode": mode}) for mode in ("distributed", "disk")}
+            plan["link"] = (link, {})
+            runs = harness.run_paired(plan, repeats)
+    finally:
+        server.close()
+        subprocess.run(["rm", "-rf", run_dir], check=False)
+    return {mode: [r["wall"] for r in rs] for mode, rs in runs.items()}
+
+
+def parameter_count(path: str) -> int:
+    """Parameters in an HF folder's safetensors files, read from their headers."""
+    total = 0
+    for name in sorted(os.listdir(path)):
+        if name.endswith(".safetensors"):
+            with open(os.path.join(path, name), "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            total += sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")
+    return total
+
+
+def build_models(sizes: list[dict], folder: str) -> list[str]:
+    """Each size as a model folder, built with arealite's tiny-model builder."""
+    from arealite.tools.tiny_model import build_tiny_model
+
+    return [build_tiny_model(os.path.join(folder, f"m{i}"), seed=0, **shape) for i, shape in enumerate(sizes)]
+
+
+def weight_sync_part(args, hosts, models: list[tuple[str, int]], logs: str) -> dict:
+    """(a): per model, paired repeats of a distributed sync, a disk sync and a link transfer;
+    each sync's seconds per GB over the same repeat's link seconds per GB."""
+    where = f"hosts {hosts[0].hostname} ({hosts[0].addr}) -> {hosts[1].hostname} ({hosts[1].addr})" if hosts else (
+        "loopback (no network namespaces here)")  # fmt: skip
+    link = LinkSide(hosts, args.link_mb << 20)
+    link_gb = link.nbytes / 1e9
+    print(f"(a) weight sync, {where}; the floor: {args.link_mb} MiB over TCP between the same hosts in every repeat")
+    rows = []
+    for path, n in models:
+        gb = n * 4 / 1e9  # fp32 on the CPU
+        print(f"  model {n / 1e6:.1f}M parameters ({gb:.3f} GB fp32), {args.repeats} paired repeats:")
+        walls = sync_curve_point(path, hosts, link, args.repeats, logs)
+        floor = [w / link_gb for w in walls["link"]]
+        row = {"params": n, "gb": gb, "link": harness.quartiles(floor)[2]}
+        print(f"  {'link':<12} s per GB: {harness.spread(floor, '.3f')} ({1 / row['link']:.2f} GB/s)")
+        for mode in ("distributed", "disk"):
+            per_gb = [w / gb for w in walls[mode]]
+            row[mode] = harness.quartiles(per_gb)[2]
+            row[f"{mode}_vs_floor"] = [x / f for x, f in zip(per_gb, floor)]
+            print(f"  {mode:<12} s per GB: {harness.spread(per_gb, '.3f')}; "
+                  f"vs the floor (paired): {harness.spread(row[f'{mode}_vs_floor'])}")  # fmt: skip
+        rows.append(row)
+    return {"where": where, "rows": rows}
+
+
+# ---- (b) trainer memory per rank --------------------------------------------------------------
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.M).group(1))
+
+
+def memory_rank(args: argparse.Namespace) -> None:
+    """One rank of (b): build the engine, reset the peak, one optimizer step, print the peak."""
+    import torch
+
+    from arealite.algo.losses import token_mean
+    from arealite.config import OptimizerConfig, TrainEngineConfig
+    from arealite.train.engine import FSDPEngine
+    from arealite.train.logprobs import packed_token_logprobs
+
+    torch.set_num_threads(1)
+    runtime = _status_kib("VmRSS")
+    engine = FSDPEngine(TrainEngineConfig(path=args.model_path, optimizer=OptimizerConfig(lr=1e-5))).initialize()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    seqs = max(1, args.seqs // world)  # the same global batch at any rank count
+    ids = torch.randint(
+        1, engine.hf_config.vocab_size, (seqs, args.seq_len), generator=torch.Generator().manual_seed(1)
+    )
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
+
+    def nll(logits, mb):
+        lp = packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"])
+        return token_mean(-lp, mb["loss_mask"].bool(), mb["cu_seqlens"]), {}
+
+    built = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS: the peak below is the step's
+    engine.train_batch(batch, nll, lambda mb: float(mb["loss_mask"].sum()))
+    peak = _status_kib("VmHWM")
+
+    def local_bytes(ts):
+        return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in ts)
+
+    params = list(engine.model.parameters())
+    adam = [v for s in engine.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    state_bytes = 2 * local_bytes(params) + local_bytes(adam)  # + gradients: the parameters' sharded shape
+    engine.destroy()
+    kib = 1024
+    print(json.dumps({"runtime": runtime * kib, "built": built * kib, "peak": peak * kib, "state": state_bytes}))
+
+
+def start_memory_runs(model: str, args: argparse.Namespace, logs: str) -> dict[int, list]:
+    """Start the 1-rank and the 2-rank run together (plain processes with torchrun's variables):
+    a peak RSS does not depend on what else runs, so they need not wait for each other."""
+    from arealite.utils.net import free_ports
+
+    runs = {}
+    for ranks, port in zip((1, 2), free_ports(2)):
+        runs[ranks] = []
+        for rank in range(ranks):
+            path = os.pathsep.join(p for p in (harness.REPO, os.environ.get("PYTHONPATH")) if p)
+            env = {**os.environ, **harness.CPU_ONLY, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                   "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error",
+                   "PYTHONPATH": path}  # fmt: skip
+            cmd = [sys.executable, os.path.abspath(__file__), "--memory-rank", "--model-path", model,
+                   "--seqs", str(args.seqs), "--seq-len", str(args.seq_len)]  # fmt: skip
+            log = open(os.path.join(logs, f"memory_{ranks}ranks_rank{rank}.log"), "w")
+            runs[ranks].append((subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True), log))
+    return runs
+
+
+def finish_memory_runs(runs: dict[int, list]) -> dict[int, list[dict]]:
+    """Every rank's figures, by rank count."""
+    out: dict[int, list[dict]] = {}
+    for ranks, procs in runs.items():
+        out[ranks] = []
+        for proc, log in procs:
+            stdout, _ = proc.communicate(timeout=1800)
+            log.close()
+            if proc.returncode != 0:
+                raise SystemExit(f"a memory rank exited {proc.returncode}; see {log.name}")
+            out[ranks].append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def memory_report(args, n: int, result: dict[int, list[dict]]) -> dict:
+    print(f"(b) trainer memory per rank, {n / 1e6:.1f}M parameters, one AdamW step on {args.seqs} x {args.seq_len} "
+          "tokens (split over the ranks), gloo, 1 torch thread per rank:")  # fmt: skip
+    mib = 1 << 20
+    for ranks, per_rank in result.items():
+        for i, r in enumerate(per_rank):
+            print(f"  {ranks} rank(s), rank {i}: peak RSS {r['peak'] / mib:8.1f} MiB over the step (runtime before "
+                  f"the engine {r['runtime'] / mib:.1f}, engine built {r['built'] / mib:.1f}); params + grads + "
+                  f"Adam {r['state'] / mib:.1f} MiB")  # fmt: skip
+    one, two = result[1][0], max(result[2], key=lambda r: r["peak"])
+    print(f"  2 ranks vs 1, train state: {two['state'] / one['state']:.3f}; peak RSS less the runtime: "
+          f"{(two['peak'] - two['runtime']) / (one['peak'] - one['runtime']):.3f}")  # fmt: skip
+    return {"ranks": result, "ratio": two["peak"] / one["peak"]}
+
+
+# ---- (c) client CPU per trajectory ------------------------------------------------------------
+
+
+def client_part(args, levels: tuple[int, ...]) -> dict:
+    """Client CPU seconds per trajectory at each level of requests in flight, paired repeats."""
+    from rollout_overhead import bench_workflow, records, start_stub, stop
+
+    from arealite.config import InferenceEngineConfig
+    from arealite.rollout import RemoteSGLangEngine
+
+    stubs = [start_stub(STUB_HOLD_S) for _ in range(STUBS)]
+    workflow, _ = bench_workflow(1, 16, 1.0)
+    engines = {}
+    per_run = max(levels) * args.client_rounds  # trajectories per timed run at every level
+    try:
+        for n in levels:
+            config = InferenceEngineConfig(max_concurrent_rollouts=n, max_head_offpolicyness=10**6)
+            engines[n] = RemoteSGLangEngine(config, [address for _, address in stubs])
+            engines[n].initialize()
+            engines[n].rollout_batch(records(n), workflow)  # warm up: every connection open
+        cpu: dict[int, list[float]] = {n: [] for n in levels}
+        for i in range(args.repeats):
+            for n in harness.order(i, levels):
+                start = time.process_time()
+                for _ in range(per_run // n):
+                    engines[n].rollout_batch(records(n), workflow)
+                cpu[n].append((time.process_time() - start) / per_run)
+    finally:
+        for engine in engines.values():
+            engine.destroy()
+        for proc, _ in stubs:
+            stop(proc)
+    print(f"(c) client CPU per trajectory, {STUBS} stub servers holding each request {STUB_HOLD_S} s, "
+          f"{per_run} trajectories per timed run, {args.repeats} repeats in alternating order:")  # fmt: skip
+    for n in levels:
+        print(f"  {n:>5} in flight: ms {harness.spread([c * 1e3 for c in cpu[n]], '.3f')}")
+    med = {n: harness.quartiles(cpu[n])[2] for n in levels}
+    return {
+        "levels": list(levels),
+        "ms": [med[n] * 1e3 for n in levels],
+        "flatness": med[max(levels)] / med[min(levels)],
+    }
+
+
+# ---- plots and main ---------------------------------------------------------------------------
+
+
+def plot(out: str, sync: dict | None, memory: dict | None, client: dict | None) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, name), dpi=120)
+        plt.close(fig)
+        written.append(os.path.join(out, name))
+
+    if sync:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        x = [r["params"] / 1e6 for r in sync["rows"]]
+        for mode in ("distributed", "disk"):
+            ax.plot(x, [r[mode] for r in sync["rows"]], "o-", label=mode)
+        ax.plot(x, [r["link"] for r in sync["rows"]], "k--", label="link floor (TCP)")
+        ax.set(
+            xscale="log",
+            xlabel="parameters (M)",
+            ylabel="seconds per GB (fp32)",
+            title=f"weight sync, {sync['where']}"[:70],
+        )
+        ax.legend()
+        save(fig, "weight_sync.png")
+    if memory:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        labels, peaks, states = [], [], []
+        for ranks, rs in memory["ranks"].items():
+            for i, r in enumerate(rs):
+                labels.append(f"{ranks} rank(s)\nrank {i}")
+                peaks.append(r["peak"] / 2**30)
+                states.append(r["state"] / 2**30)
+        ax.bar(labels, peaks, label="peak RSS over the step")
+        ax.bar(labels, states, width=0.4, label="params + grads + Adam")
+        ax.set(ylabel="GiB", title="trainer memory per rank (FSDP2, gloo)")
+        ax.legend()
+        save(fig, "fsdp_memory.png")
+    if client:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(client["levels"], client["ms"], "o-")
+        ax.set(xscale="log", ylim=(0, max(client["ms"]) * 1.3), xlabel="requests in flight (4 servers)",
+               ylabel="client CPU ms per trajectory", title="rollout client CPU")  # fmt: skip
+        save(fig, "client_cpu.png")
+    return written
+
+
+def hosts_or_none():
+    """A two-host network when namespaces work here, else None (with the reason printed)."""
+    sys.path.insert(0, harness.REPO)
+    from tests.multinode import netns
+
+    reason = netns.unavailable_reason()
+    if reason:
+        print(f"network namespaces unavailable ({reason}): weight sync over loopback")
+        return None
+    netns.remove_leftovers()
+    return netns.Network(2).create()
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.path.join(harness.REPO, "runs", "scale"), help="plots and logs")
+    p.add_argument("--repeats", type=int, default=3, help="paired repeats of every timed figure")
+    p.add_argument("--parts", default="abc", help="which of (a) weight sync, (b) memory, (c) client to run")
+    p.add_argument("--link-mb", type=int, default=2048, help="MiB sent in the link measurement")
+    p.add_argument("--seqs", type=int, default=4, help="(b): sequences per optimizer step (over all ranks)")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--client-rounds", type=int, default=2, help="(c): rounds of the largest level per timed run")
+    p.add_argument("--smoke", action="store_true", help="seconds: the smallest model, few requests, one repeat")
+    p.add_argument("--tcp-recv", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--tcp-send", nargs=3, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["server", "trainer"], help=argparse.SUPPRESS)
+    p.add_argument("--memory-rank", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model-path", help="measure this HF model folder only (default: build the sizes of SIZES)")
+    for flag in ("--run-dir", "--host", "--port", "--server"):
+        p.add_argument(flag, help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    if args.tcp_recv is not None:
+        return tcp_receive(args.tcp_recv)
+    if args.tcp_send:
+        return tcp_send(args.tcp_send[0], int(args.tcp_send[1]), int(args.tcp_send[2]))
+    if args.worker:
+        return worker(args)
+    if args.memory_rank:
+        return memory_rank(args)
+    if args.smoke:
+        args.repeats, args.link_mb, args.seq_len, args.client_rounds = 1, 64, 16, 1
+    logs = os.path.join(args.out, "logs")
+    os.makedirs(logs, exist_ok=True)
+    print(harness.machine_line())
+    print(harness.commit_line())
+    print(harness.load_line())
+    sync = memory = client = None
+    with tempfile.TemporaryDirectory(prefix="scale_models_") as folder:
+        paths = [args.model_path] if args.model_path else build_models(SMOKE_SIZES if args.smoke else SIZES, folder)
+        models = [(path, parameter_count(path)) for path in paths]
+        print("models:", ", ".join(f"{n / 1e6:.1f}M" for _, n in models), "parameters")
+        # (b) alone in the full run; in the smoke run it overlaps the others (only seconds matter there)
+        pending = start_memory_runs(models[-1][0], args, logs) if "b" in args.parts else None
+        if pending and not args.smoke:
+            memory = memory_report(args, models[-1][1], finish_memory_runs(pending))
+            print(harness.load_line())
+        if "c" in args.parts:
+            client = client_part(args, SMOKE_LEVELS if args.smoke else LEVELS)
+            print(harness.load_line())
+        if "a" in args.parts:
+            network = hosts_or_none()
+            try:
+                sync = weight_sync_part(args, network.hosts if network else None, models, logs)
+            finally:
+                if network:
+                    network.close()
+            print(harness.load_line())
+        if pending and memory is None:
+            memory = memory_report(args, models[-1][1], finish_memory_runs(pending))
+    print("plots:", *plot(args.out, sync, memory, client))
+    if client:
+        print(f"client_cpu_flatness={client['flatness']:.3f}")
+    if memory:
+        print(f"fsdp_mem_2ranks_vs_1={memory['ratio']:.3f}")
+    if sync:
+        last = sync["rows"][-1]
+        print(f"disk_sync_vs_floor={harness.quartiles(last['disk_vs_floor'])[2]:.2f}")
+        print(f"weight_sync_vs_floor={harness.quartiles(last['distributed_vs_floor'])[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
