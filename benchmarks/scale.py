@@ -15,8 +15,8 @@
     is built. `fsdp_mem_2ranks_vs_1` = the larger rank's peak at 2 ranks over the peak at 1
     (goal <= 0.6: parameters, gradients and Adam state sharded).
 (c) Client CPU per trajectory at 256, 1,024 and 4,096 requests in flight across 4 stub
-    servers (benchmarks/rollout_overhead.py's stub, holding each request STUB_HOLD_S so that
-    every request of a round is in flight at once). `client_cpu_flatness` = the CPU per
+    servers (benchmarks/rollout_overhead.py's stub, holding each request `stub_hold(n)` seconds,
+    long enough for the client to put all n requests of a round in flight at once). `client_cpu_flatness` = the CPU per
     trajectory at the most in flight over that at the fewest (goal: flat, 1.0).
 Writes one plot per part to `--out`. Without root (or `ip netns`), (a) runs both sides on
 loopback and says so. The last line is `weight_sync_vs_floor=<x>`.
@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness
@@ -48,7 +49,14 @@ SIZES = [
 SMOKE_SIZES = [dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128)]
 LEVELS, SMOKE_LEVELS = (256, 1024, 4096), (16, 64)
 STUBS = 4
-STUB_HOLD_S = 0.25
+HOLD_PER_REQUEST_S = 0.0025  # the client submits a request in ~1 ms of CPU on a busy core: hold longer than that
+
+
+def stub_hold(in_flight: int) -> float:
+    """Seconds a stub holds each request at `in_flight` requests: all of a round overlap."""
+    return max(0.25, in_flight * HOLD_PER_REQUEST_S)
+
+
 SERVER_PORT, LINK_PORT = 30000, 30001  # each simulated host has its own ports: fixed ones are free there
 
 
@@ -345,21 +353,29 @@ def memory_report(args, n: int, result: dict[int, list[dict]]) -> dict:
 # ---- (c) client CPU per trajectory ------------------------------------------------------------
 
 
+def stub_peak(address: str) -> int:
+    with urllib.request.urlopen(f"http://{address}/stats", timeout=30) as r:
+        return int(json.loads(r.read())["peak"])
+
+
 def client_part(args, levels: tuple[int, ...]) -> dict:
-    """Client CPU seconds per trajectory at each level of requests in flight, paired repeats."""
+    """Client CPU seconds per trajectory at each level of requests in flight, paired repeats;
+    each level has its own client and its own 4 stubs (set up once, reused in every repeat)."""
     from rollout_overhead import bench_workflow, records, start_stub, stop
 
     from arealite.config import InferenceEngineConfig
     from arealite.rollout import RemoteSGLangEngine
 
-    stubs = [start_stub(STUB_HOLD_S) for _ in range(STUBS)]
     workflow, _ = bench_workflow(1, 16, 1.0)
-    engines = {}
-    per_run = max(levels) * args.client_rounds  # trajectories per timed run at every level
+    stubs = {n: [start_stub(stub_hold(n)) for _ in range(STUBS)] for n in levels}
+    engines, per_run = {}, max(levels) * args.client_rounds  # trajectories per timed run at every level
     try:
         for n in levels:
-            config = InferenceEngineConfig(max_concurrent_rollouts=n, max_head_offpolicyness=10**6)
-            engines[n] = RemoteSGLangEngine(config, [address for _, address in stubs])
+            # a stub answering thousands of requests on a busy core may be slow to answer /health: not a failure here
+            config = InferenceEngineConfig(
+                max_concurrent_rollouts=n, max_head_offpolicyness=10**6, health_check_timeout=120.0
+            )
+            engines[n] = RemoteSGLangEngine(config, [address for _, address in stubs[n]])
             engines[n].initialize()
             engines[n].rollout_batch(records(n), workflow)  # warm up: every connection open
         cpu: dict[int, list[float]] = {n: [] for n in levels}
@@ -369,21 +385,21 @@ def client_part(args, levels: tuple[int, ...]) -> dict:
                 for _ in range(per_run // n):
                     engines[n].rollout_batch(records(n), workflow)
                 cpu[n].append((time.process_time() - start) / per_run)
+        peaks = {n: sum(stub_peak(address) for _, address in stubs[n]) for n in levels}
     finally:
         for engine in engines.values():
             engine.destroy()
-        for proc, _ in stubs:
+        for proc, _ in (stub for group in stubs.values() for stub in group):
             stop(proc)
-    print(f"(c) client CPU per trajectory, {STUBS} stub servers holding each request {STUB_HOLD_S} s, "
-          f"{per_run} trajectories per timed run, {args.repeats} repeats in alternating order:")  # fmt: skip
+    print(f"(c) client CPU per trajectory, {STUBS} stub servers per level, {per_run} trajectories per timed run, "
+          f"{args.repeats} repeats in alternating order:")  # fmt: skip
     for n in levels:
-        print(f"  {n:>5} in flight: ms {harness.spread([c * 1e3 for c in cpu[n]], '.3f')}")
+        stats = ", ".join(f"{k} {v}" for k, v in engines[n].stats.items())
+        print(f"  {n:>5} in flight (stubs hold {stub_hold(n):.2f} s, peak {peaks[n]} at once): ms "
+              f"{harness.spread([c * 1e3 for c in cpu[n]], '.3f')}; client: {stats}")  # fmt: skip
     med = {n: harness.quartiles(cpu[n])[2] for n in levels}
-    return {
-        "levels": list(levels),
-        "ms": [med[n] * 1e3 for n in levels],
-        "flatness": med[max(levels)] / med[min(levels)],
-    }
+    flatness = med[max(levels)] / med[min(levels)]
+    return {"levels": list(levels), "ms": [med[n] * 1e3 for n in levels], "flatness": flatness}
 
 
 # ---- plots and main ---------------------------------------------------------------------------
@@ -457,10 +473,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default=os.path.join(harness.REPO, "runs", "scale"), help="plots and logs")
     p.add_argument("--repeats", type=int, default=3, help="paired repeats of every timed figure")
     p.add_argument("--parts", default="abc", help="which of (a) weight sync, (b) memory, (c) client to run")
-    p.add_argument("--link-mb", type=int, default=2048, help="MiB sent in the link measurement")
+    p.add_argument("--link-mb", type=int, default=1024, help="MiB sent in the link measurement")
     p.add_argument("--seqs", type=int, default=4, help="(b): sequences per optimizer step (over all ranks)")
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--client-rounds", type=int, default=2, help="(c): rounds of the largest level per timed run")
+    p.add_argument("--client-rounds", type=int, default=1, help="(c): rounds of the largest level per timed run")
     p.add_argument("--smoke", action="store_true", help="seconds: the smallest model, few requests, one repeat")
     p.add_argument("--tcp-recv", type=int, help=argparse.SUPPRESS)
     p.add_argument("--tcp-send", nargs=3, help=argparse.SUPPRESS)
