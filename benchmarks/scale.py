@@ -6,18 +6,21 @@
     FSDPEngine in a world of one, a RemoteSGLangEngine, two WeightSyncs) in one simulated
     host, a built-in server (`launch_server_process`) in another (tests/multinode/netns.py:
     network namespaces on a private bridge; needs root), for Qwen2 models of ~10M to ~315M
-    parameters. The floor is the link: a timed TCP transfer of a large buffer between the
-    two hosts with plain sockets, the best of 3. `weight_sync_vs_floor` = the distributed
-    sync's seconds per GB over the link's, largest model (goal <= 3); the disk sync's is
-    printed beside it (its bytes never cross the link: the hosts share one file system).
+    parameters. The floor is the link: a timed TCP transfer of 1 GiB between the same two
+    hosts with plain sockets, run in every repeat beside the two syncs (alternating order).
+    `weight_sync_vs_floor` = the median over repeats of the distributed sync's seconds per GB
+    over the same repeat's link seconds per GB, largest model (goal <= 3); the disk sync's
+    is printed beside it (its bytes never cross the link: the hosts share one file system).
 (b) Trainer memory per rank at 1 and 2 ranks (gloo) for the largest model: peak RSS over one
     real optimizer step (AdamW) of arealite's FSDP2 engine, the peak reset once the engine
     is built. `fsdp_mem_2ranks_vs_1` = the larger rank's peak at 2 ranks over the peak at 1
     (goal <= 0.6: parameters, gradients and Adam state sharded).
 (c) Client CPU per trajectory at 256, 1,024 and 4,096 requests in flight across 4 stub
-    servers (benchmarks/rollout_overhead.py's stub, holding each request `stub_hold(n)` seconds,
-    long enough for the client to put all n requests of a round in flight at once). `client_cpu_flatness` = the CPU per
-    trajectory at the most in flight over that at the fewest (goal: flat, 1.0).
+    servers (benchmarks/rollout_overhead.py's stub, holding each request `stub_hold(n)`
+    seconds: long enough for the client to put all n requests of a round in flight at once).
+    `client_cpu_flatness` = the CPU per trajectory at the most in flight over that at the
+    fewest (goal: flat, 1.0).
+The processes it starts (link ends, sync sides, memory ranks) are in scale_sides.py.
 Writes one plot per part to `--out`. Without root (or `ip netns`), (a) runs both sides on
 loopback and says so. The last line is `weight_sync_vs_floor=<x>`.
 """
@@ -28,8 +31,6 @@ import argparse
 import json
 import math
 import os
-import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,8 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness
+
+SIDES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scale_sides.py")  # the processes it starts
 
 # (a)'s models: Qwen2 shapes from ~10M to ~315M parameters (vocabulary 512, fp32)
 SIZES = [
@@ -67,45 +70,7 @@ def free_port(hosts, fixed: int) -> int:
     return fixed if hosts else free_ports(1)[0]
 
 
-CHUNK = 4 << 20  # socket read/write size of the link measurement
-
-
 # ---- the link floor --------------------------------------------------------------------------
-
-
-def tcp_receive(port: int) -> None:
-    """Accept one connection, read it to EOF, answer the byte count (the sender's clock stops)."""
-    with socket.create_server(("", port)) as server:
-        conn, _ = server.accept()
-        with conn:
-            buf, total = bytearray(CHUNK), 0
-            while n := conn.recv_into(buf):
-                total += n
-            conn.sendall(total.to_bytes(8, "big"))
-
-
-def tcp_send(address: str, port: int, nbytes: int) -> None:
-    """Print the seconds from connect to the receiver's answer for `nbytes` bytes."""
-    payload = memoryview(bytearray(os.urandom(1024)) * (CHUNK // 1024))
-    deadline = time.monotonic() + 30
-    while True:  # the receiver may still be starting
-        try:
-            conn = socket.create_connection((address, port), timeout=60)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    with conn:
-        start = time.perf_counter()
-        for sent in range(0, nbytes, CHUNK):
-            conn.sendall(payload[: min(CHUNK, nbytes - sent)])
-        conn.shutdown(socket.SHUT_WR)
-        received = int.from_bytes(conn.recv(8), "big")
-        seconds = time.perf_counter() - start
-    if received != nbytes:
-        raise SystemExit(f"the receiver got {received} bytes of {nbytes}")
-    print(seconds)
 
 
 class LinkSide:
@@ -116,7 +81,7 @@ class LinkSide:
         self.hosts, self.nbytes = hosts, nbytes
 
     def run(self) -> dict:
-        hosts, script, port = self.hosts, os.path.abspath(__file__), str(free_port(self.hosts, LINK_PORT))
+        hosts, script, port = self.hosts, SIDES, str(free_port(self.hosts, LINK_PORT))
         recv = [sys.executable, script, "--tcp-recv", port]
         send = [sys.executable, script, "--tcp-send", hosts[1].addr if hosts else "127.0.0.1", port, str(self.nbytes)]
         receiver = subprocess.Popen(hosts[1].wrap(recv) if hosts else recv)
@@ -127,56 +92,7 @@ class LinkSide:
         return {"wall": float(done.stdout.split()[-1])}
 
 
-# ---- (a) weight sync: the two sides, each in its own host -------------------------------------
-
-
-def server_setup(args: argparse.Namespace):
-    from arealite.server.process import launch_server_process
-
-    log = os.path.join(args.run_dir, "server.log")
-    return launch_server_process(
-        args.model_path, port=int(args.port), host=args.host, extra_args=["--skip-server-warmup"],  # it never generates
-        env=harness.CPU_ONLY, log_path=log, timeout=600,
-    )  # fmt: skip
-
-
-def trainer_setup(args: argparse.Namespace) -> dict:
-    """The trainer side: an engine without optimizer (a sync moves weights only), a rollout
-    client of the server, a disk and a distributed WeightSync."""
-    from arealite.config import InferenceEngineConfig, TrainEngineConfig
-    from arealite.rollout import RemoteSGLangEngine
-    from arealite.train.engine import FSDPEngine
-    from arealite.weight_sync import WeightSync
-
-    actor = FSDPEngine(TrainEngineConfig(path=args.model_path, optimizer=None)).initialize()
-    rollout = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=600, weight_update_timeout=600), [args.server])
-    rollout.initialize()
-    syncs = {
-        "disk": WeightSync(actor, rollout, "disk", run_dir=args.run_dir, keep_versions=1),
-        "distributed": WeightSync(actor, rollout, "distributed", backend="gloo"),
-    }
-    return {"actor": actor, "rollout": rollout, "syncs": syncs, "version": 0}
-
-
-def trainer_run(state: dict, request: dict) -> dict:
-    state["version"] += 1
-    start = time.perf_counter()
-    state["syncs"][request["mode"]].sync(state["version"])
-    return {"wall": time.perf_counter() - start}
-
-
-def trainer_teardown(state: dict) -> None:
-    for sync in state["syncs"].values():
-        sync.close()
-    state["rollout"].destroy()
-    state["actor"].destroy()
-
-
-def worker(args: argparse.Namespace) -> None:
-    if args.worker == "server":
-        harness.serve_runs(lambda: server_setup(args), lambda s, r: {}, lambda s: s.stop())
-    else:
-        harness.serve_runs(lambda: trainer_setup(args), trainer_run, trainer_teardown)
+# ---- (a) weight sync across hosts -------------------------------------------------------------
 
 
 def sync_curve_point(model: str, hosts, link: LinkSide, repeats: int, logs: str) -> dict[str, list[float]]:
@@ -185,7 +101,7 @@ def sync_curve_point(model: str, hosts, link: LinkSide, repeats: int, logs: str)
     server_host, port = hosts[1].addr if hosts else "127.0.0.1", str(free_port(hosts, SERVER_PORT))
     trainer_host = hosts[0].addr if hosts else "127.0.0.1"
     run_dir = tempfile.mkdtemp(prefix="scale_sync_", dir=logs)
-    script = os.path.abspath(__file__)
+    script = SIDES
     common = ["--model-path", model, "--run-dir", run_dir]
     server = harness.SideProcess(
         "server", [script, "--worker", "server", "--host", server_host, "--port", port, *common], cpus,
@@ -221,10 +137,17 @@ def parameter_count(path: str) -> int:
 
 
 def build_models(sizes: list[dict], folder: str) -> list[str]:
-    """Each size as a model folder, built with arealite's tiny-model builder."""
-    from arealite.tools.tiny_model import build_tiny_model
+    """Each size as a model folder, by arealite's tiny-model builder in a process of its own
+    (building a 300M-parameter model would leave its memory with this process)."""
+    from arealite.launcher.process import with_package_path
 
-    return [build_tiny_model(os.path.join(folder, f"m{i}"), seed=0, **shape) for i, shape in enumerate(sizes)]
+    paths = []
+    for i, shape in enumerate(sizes):
+        paths.append(os.path.join(folder, f"m{i}"))
+        flags = [f"--{k.replace('_', '-')}={v}" for k, v in shape.items()]
+        cmd = [sys.executable, "-m", "arealite.tools.tiny_model", paths[-1], *flags]
+        subprocess.run(cmd, check=True, capture_output=True, env=with_package_path(None))
+    return paths
 
 
 def weight_sync_part(args, hosts, models: list[tuple[str, int]], logs: str) -> dict:
@@ -256,83 +179,35 @@ def weight_sync_part(args, hosts, models: list[tuple[str, int]], logs: str) -> d
 # ---- (b) trainer memory per rank --------------------------------------------------------------
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+)", f.read(), re.M).group(1))
-
-
-def memory_rank(args: argparse.Namespace) -> None:
-    """One rank of (b): build the engine, reset the peak, one optimizer step, print the peak."""
-    import torch
-
-    from arealite.algo.losses import token_mean
-    from arealite.config import OptimizerConfig, TrainEngineConfig
-    from arealite.train.engine import FSDPEngine
-    from arealite.train.logprobs import packed_token_logprobs
-
-    torch.set_num_threads(1)
-    runtime = _status_kib("VmRSS")
-    engine = FSDPEngine(TrainEngineConfig(path=args.model_path, optimizer=OptimizerConfig(lr=1e-5))).initialize()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    seqs = max(1, args.seqs // world)  # the same global batch at any rank count
-    ids = torch.randint(
-        1, engine.hf_config.vocab_size, (seqs, args.seq_len), generator=torch.Generator().manual_seed(1)
-    )
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids)}
-
-    def nll(logits, mb):
-        lp = packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"])
-        return token_mean(-lp, mb["loss_mask"].bool(), mb["cu_seqlens"]), {}
-
-    built = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # resets VmHWM to the current RSS: the peak below is the step's
-    engine.train_batch(batch, nll, lambda mb: float(mb["loss_mask"].sum()))
-    peak = _status_kib("VmHWM")
-
-    def local_bytes(ts):
-        return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in ts)
-
-    params = list(engine.model.parameters())
-    adam = [v for s in engine.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
-    state_bytes = 2 * local_bytes(params) + local_bytes(adam)  # + gradients: the parameters' sharded shape
-    engine.destroy()
-    kib = 1024
-    print(json.dumps({"runtime": runtime * kib, "built": built * kib, "peak": peak * kib, "state": state_bytes}))
-
-
-def start_memory_runs(model: str, args: argparse.Namespace, logs: str) -> dict[int, list]:
-    """Start the 1-rank and the 2-rank run together (plain processes with torchrun's variables):
-    a peak RSS does not depend on what else runs, so they need not wait for each other."""
+def start_memory_run(model: str, ranks: int, args: argparse.Namespace, logs: str) -> list:
+    """Start the `ranks` processes of one run (plain processes with torchrun's variables)."""
     from arealite.utils.net import free_ports
 
-    runs = {}
-    for ranks, port in zip((1, 2), free_ports(2)):
-        runs[ranks] = []
-        for rank in range(ranks):
-            path = os.pathsep.join(p for p in (harness.REPO, os.environ.get("PYTHONPATH")) if p)
-            env = {**os.environ, **harness.CPU_ONLY, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                   "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
-                   "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error",
-                   "PYTHONPATH": path}  # fmt: skip
-            cmd = [sys.executable, os.path.abspath(__file__), "--memory-rank", "--model-path", model,
-                   "--seqs", str(args.seqs), "--seq-len", str(args.seq_len)]  # fmt: skip
-            log = open(os.path.join(logs, f"memory_{ranks}ranks_rank{rank}.log"), "w")
-            runs[ranks].append((subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True), log))
-    return runs
+    port, procs = free_ports(1)[0], []
+    for rank in range(ranks):
+        path = os.pathsep.join(p for p in (harness.REPO, os.environ.get("PYTHONPATH")) if p)
+        env = {**os.environ, **harness.CPU_ONLY, "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error",
+               "PYTHONPATH": path}  # fmt: skip
+        cmd = [sys.executable, SIDES, "--memory-rank", "--model-path", model,
+               "--seqs", str(args.seqs), "--seq-len", str(args.seq_len)]  # fmt: skip
+        log = open(os.path.join(logs, f"memory_{ranks}ranks_rank{rank}.log"), "w")
+        procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=log, text=True), log))
+    return procs
 
 
-def finish_memory_runs(runs: dict[int, list]) -> dict[int, list[dict]]:
-    """Every rank's figures, by rank count."""
-    out: dict[int, list[dict]] = {}
-    for ranks, procs in runs.items():
-        out[ranks] = []
-        for proc, log in procs:
-            stdout, _ = proc.communicate(timeout=1800)
-            log.close()
-            if proc.returncode != 0:
-                raise SystemExit(f"a memory rank exited {proc.returncode}; see {log.name}")
-            out[ranks].append(json.loads(stdout.strip().splitlines()[-1]))
+def finish_memory_run(procs: list) -> list[dict]:
+    """Every rank's figures, once the run is over."""
+    out = []
+    for proc, log in procs:
+        stdout, _ = proc.communicate(timeout=1800)
+        log.close()
+        if proc.returncode != 0:
+            raise SystemExit(
+                f"a memory rank exited {proc.returncode} (-9: killed, likely out of memory); see {log.name}"
+            )
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
     return out
 
 
@@ -479,26 +354,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--client-rounds", type=int, default=1, help="(c): rounds of the largest level per timed run")
     p.add_argument("--smoke", action="store_true", help="seconds: the smallest model, few requests, one repeat")
-    p.add_argument("--tcp-recv", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--tcp-send", nargs=3, help=argparse.SUPPRESS)
-    p.add_argument("--worker", choices=["server", "trainer"], help=argparse.SUPPRESS)
-    p.add_argument("--memory-rank", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model-path", help="measure this HF model folder only (default: build the sizes of SIZES)")
-    for flag in ("--run-dir", "--host", "--port", "--server"):
-        p.add_argument(flag, help=argparse.SUPPRESS)
     return p.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    if args.tcp_recv is not None:
-        return tcp_receive(args.tcp_recv)
-    if args.tcp_send:
-        return tcp_send(args.tcp_send[0], int(args.tcp_send[1]), int(args.tcp_send[2]))
-    if args.worker:
-        return worker(args)
-    if args.memory_rank:
-        return memory_rank(args)
     if args.smoke:
         args.repeats, args.link_mb, args.seq_len, args.client_rounds = 1, 64, 16, 1
     logs = os.path.join(args.out, "logs")
@@ -511,10 +372,14 @@ def main() -> None:
         paths = [args.model_path] if args.model_path else build_models(SMOKE_SIZES if args.smoke else SIZES, folder)
         models = [(path, parameter_count(path)) for path in paths]
         print("models:", ", ".join(f"{n / 1e6:.1f}M" for _, n in models), "parameters")
-        # (b) alone in the full run; in the smoke run it overlaps the others (only seconds matter there)
-        pending = start_memory_runs(models[-1][0], args, logs) if "b" in args.parts else None
-        if pending and not args.smoke:
-            memory = memory_report(args, models[-1][1], finish_memory_runs(pending))
+        # (b) one run at a time in the full run (the 1-rank run alone takes ~6 GB of a shared machine), alone;
+        # in the smoke run both start at once and overlap the rest (only seconds matter there)
+        pending = {}
+        if "b" in args.parts and args.smoke:
+            pending = {ranks: start_memory_run(models[-1][0], ranks, args, logs) for ranks in (1, 2)}
+        elif "b" in args.parts:
+            result = {ranks: finish_memory_run(start_memory_run(models[-1][0], ranks, args, logs)) for ranks in (1, 2)}
+            memory = memory_report(args, models[-1][1], result)
             print(harness.load_line())
         if "c" in args.parts:
             client = client_part(args, SMOKE_LEVELS if args.smoke else LEVELS)
@@ -527,8 +392,8 @@ def main() -> None:
                 if network:
                     network.close()
             print(harness.load_line())
-        if pending and memory is None:
-            memory = memory_report(args, models[-1][1], finish_memory_runs(pending))
+        if pending:
+            memory = memory_report(args, models[-1][1], {r: finish_memory_run(p) for r, p in pending.items()})
     print("plots:", *plot(args.out, sync, memory, client))
     if client:
         print(f"client_cpu_flatness={client['flatness']:.3f}")

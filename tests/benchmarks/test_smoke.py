@@ -28,7 +28,7 @@ def _cuda_visible() -> bool:
 
 
 BENCHMARKS = REPO / "benchmarks"
-HELPERS = {"harness.py", "grpo_step.py"}  # imported by the scripts, not run
+HELPERS = {"harness.py", "grpo_step.py", "scale_sides.py"}  # used by the scripts, not run by hand
 # script -> the name of its last line (benchmarks/README.md); advantages.py ends with its
 # GPU figure when CUDA is visible (the Triton side runs only there)
 FIGURES = {
