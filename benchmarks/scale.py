@@ -325,6 +325,8 @@ def plot(out: str, sync: dict | None, memory: dict | None, client: dict | None) 
     if client:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(client["levels"], client["ms"], "o-")
+        ax.set_xticks(client["levels"], [f"{n:,}" for n in client["levels"]])
+        ax.minorticks_off()
         ax.set(xscale="log", ylim=(0, max(client["ms"]) * 1.3), xlabel="requests in flight (4 servers)",
                ylabel="client CPU ms per trajectory", title="rollout client CPU")  # fmt: skip
         save(fig, "client_cpu.png")
