@@ -151,10 +151,14 @@ class SideProcess:
 
     `argv` re-runs a script in worker mode (the script calls `serve_runs`). The worker's
     stdout carries one JSON line per run; everything it or its libraries print goes to
-    `log_path`.
+    `log_path`. `wrap` turns the command into one that runs elsewhere (a simulated host:
+    tests/multinode/netns.py's `Host.wrap`).
     """
 
-    def __init__(self, name: str, argv: list[str], cpus: set[int], log_path: str, env: dict[str, str] | None = None):
+    def __init__(
+        self, name: str, argv: list[str], cpus: set[int], log_path: str, env: dict[str, str] | None = None,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ):  # fmt: skip
         self.name = name
         self.log_path = log_path
         full_env = {
@@ -162,8 +166,9 @@ class SideProcess:
             "PYTHONPATH": os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p), **(env or {}),
         }  # fmt: skip
         self._log = open(log_path, "w")
+        cmd = [sys.executable, *argv]
         self.proc = subprocess.Popen(
-            [sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+            wrap(cmd) if wrap else cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
             env=full_env, preexec_fn=lambda: os.sched_setaffinity(0, cpus),
         )  # fmt: skip
         self._ready: dict | None = None

@@ -28,7 +28,7 @@ def _cuda_visible() -> bool:
 
 
 BENCHMARKS = REPO / "benchmarks"
-HELPERS = {"harness.py", "grpo_step.py"}  # imported by the scripts, not run
+HELPERS = {"harness.py", "grpo_step.py", "scale_sides.py"}  # used by the scripts, not run by hand
 # script -> the name of its last line (benchmarks/README.md); advantages.py ends with its
 # GPU figure when CUDA is visible (the Triton side runs only there)
 FIGURES = {
@@ -38,6 +38,7 @@ FIGURES = {
     "lockstep_schedule.py": "lockstep_vs_interruptible",
     "lora_memory.py": "lora_memory_ratio",
     "rollout_overhead.py": "overhead_pct",
+    "scale.py": "weight_sync_vs_floor",
     "server_throughput.py": "speedup_vs_sorted_batched_generate",
     "soak.py": "rss_mb_per_1k_requests",
     "train_packing.py": "packed_speedup_vs_bucketed",
@@ -49,6 +50,7 @@ TAKES_MODEL_PATH = {
     "deterministic_server.py",
     "lockstep_schedule.py",
     "rollout_overhead.py",
+    "scale.py",
     "server_throughput.py",
     "soak.py",
     "train_packing.py",
@@ -68,8 +70,9 @@ def test_every_script_has_a_documented_figure() -> None:
     assert not undocumented, f"figures {undocumented} are not in benchmarks/README.md"
 
 
-# variants.py's smoke run is a whole launcher run (server, trainer, evaluation): with the heavy tests
-HEAVY = {"variants.py"}
+# variants.py's smoke run is a whole launcher run (server, trainer, evaluation), scale.py's six
+# processes across simulated hosts (70 s on a quiet 2-core machine): with the heavy tests
+HEAVY = {"variants.py", "scale.py"}
 
 
 @pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.heavy) if s in HEAVY else s for s in SCRIPTS])
