@@ -1,9 +1,14 @@
-"""Shared fixtures and the `cuda` marker.
+"""Shared fixtures, the `cuda` marker, and the groups of tests that must not run side by side.
 
 Without CUDA the Triton kernels run in triton's interpreter (TRITON_INTERPRET=1, set before
 any kernel module is imported); with CUDA they are compiled and tested on CUDA tensors.
 Tests marked `@pytest.mark.cuda` (the GPU self-check, `python -m pytest -m cuda -q`) are
 skipped with a reason where CUDA is absent.
+
+The README's command runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`).
+Tests that start a cluster (Ray, Slurm's one node, the namespaced hosts on their fixed
+private subnet) share one machine-wide resource, so they join one xdist group and run one
+after another on one worker.
 """
 
 import os
@@ -40,10 +45,20 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+CLUSTER_TESTS = ("tests/launcher/test_ray.py", "tests/launcher/test_slurm.py", "tests/multinode/")
+
+
+def _starts_a_cluster(item: pytest.Item) -> bool:
+    path = Path(str(item.fspath)).relative_to(REPO_ROOT).as_posix()
+    params = getattr(item, "callspec", None)
+    kind = params.params.get("kind") if params is not None else None
+    return path.startswith(CLUSTER_TESTS) or kind in ("ray", "slurm")
+
+
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
-        return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (the GPU self-check: python -m pytest -m cuda -q)")
     for item in items:
-        if "cuda" in item.keywords:
+        if _starts_a_cluster(item):
+            item.add_marker(pytest.mark.xdist_group("clusters"))
+        if not HAS_CUDA and "cuda" in item.keywords:
             item.add_marker(skip)
