@@ -10,6 +10,7 @@ import socket
 import subprocess
 import time
 
+import psutil
 import pytest
 
 from arealite import world
@@ -86,8 +87,17 @@ def test_a_stalled_rank_is_named_within_dist_timeout_and_the_window(tmp_path):
             if "[arealite] lost trainer rank" in line:
                 named_at.append(time.time())
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the stopped rank would keep torchrun waiting 30 s more
+        # torchrun puts its ranks in sessions of their own, and the stopped rank would keep it
+        # waiting 30 s more: kill the whole tree, each rank by pid.
+        tree = [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.wait(timeout=30)
+        _, alive = psutil.wait_procs([p for p in map(_process, tree) if p is not None], timeout=30)
+        assert not alive, f"ranks left behind: {alive}"
     out = "".join(lines)
     named = re.findall(r"lost trainer rank (\d+) \(host ([^)]*)\)", out)
     assert stopped_at is not None and len(named) == 2, out[-4000:]  # ranks 0 and 2 each name it
@@ -96,3 +106,10 @@ def test_a_stalled_rank_is_named_within_dist_timeout_and_the_window(tmp_path):
     window = world.LOST_RANK_WINDOW
     print(f"rank {lost} named {took:.1f}s after it stopped (dist_timeout {dist_timeout}s, window {window}s)")
     assert took <= dist_timeout + world.LOST_RANK_WINDOW + 10, out[-4000:]
+
+
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
