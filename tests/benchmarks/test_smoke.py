@@ -70,9 +70,11 @@ def test_every_script_has_a_documented_figure() -> None:
     assert not undocumented, f"figures {undocumented} are not in benchmarks/README.md"
 
 
-# variants.py's smoke run is a whole launcher run (server, trainer, evaluation), scale.py's six
-# processes across simulated hosts (70 s on a quiet 2-core machine): with the heavy tests
-HEAVY = {"variants.py", "scale.py"}
+# With the heavy tests (CI time): variants.py's smoke run is a whole launcher run, scale.py's six
+# processes across simulated hosts; lora_memory.py, deterministic_server.py and
+# lockstep_schedule.py took 60-75 s each under xdist, and what they run is tested on its own
+# (tests/train/test_lora*.py, tests/server/test_deterministic.py, tests/e2e/test_reproducible.py).
+HEAVY = {"variants.py", "scale.py", "lora_memory.py", "deterministic_server.py", "lockstep_schedule.py"}
 
 
 @pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.heavy) if s in HEAVY else s for s in SCRIPTS])
