@@ -23,6 +23,8 @@ import math
 import random
 from typing import Any
 
+from arealite.data.arithmetic import arithmetic_reward_fn
+
 DIGIT_MAP = "4690713825"  # d -> int(DIGIT_MAP[d]): 0>4>7>8>2>9>5>1>6>3>0
 MEDIAN_STEPS = 7.0
 MAX_STEPS = 99  # the step count is written with two digits
@@ -107,23 +109,5 @@ def response_lengths(
     return [TOKENS_PER_STEP * draw_steps(rng, median_steps, max_steps) for _ in range(num_samples)]
 
 
-def walk_reward_fn(
-    prompt: str,
-    completion: str,
-    prompt_ids: Any = None,
-    completion_ids: Any = None,
-    answer: str = "",
-    truncated: bool = False,
-    **_: Any,
-) -> float:
-    """1.0 when `completion` is the whole worked `answer` and ended with a stop token, else 0.0.
-
-    Special tokens are invisible in the decoded `completion`, so the token count bounds them:
-    the answer's characters take at most one token each, plus one stop token.
-    """
-    answer = str(answer).strip()
-    if truncated or completion != answer:
-        return 0.0
-    if completion_ids is not None and len(completion_ids) > len(answer) + 1:
-        return 0.0
-    return 1.0
+# Exact match of the whole worked answer, stop token required: the arithmetic task's reward.
+walk_reward_fn = arithmetic_reward_fn
