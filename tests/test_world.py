@@ -72,7 +72,8 @@ def test_a_stalled_rank_is_named_within_dist_timeout_and_the_window(tmp_path):
     dist_timeout, lost = 3.0, 1
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "3", f"--master-port={free_ports(1)[0]}",
            str(script), str(dist_timeout), str(lost)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    env = subprocess_env(AREALITE_TRAIN_DEVICE="cpu")  # gloo ranks, however many GPUs are visible
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip
     lines, stopped_at, named_at = [], None, []
     try:
