@@ -10,6 +10,11 @@ the new policy on the server; a flipped policy-gradient sign drives the reward d
 Robust by construction: SFT and sampling are seeded, the margin (0.1) is half the rise a
 working loop reaches here (0.375 -> 0.574) while a flipped sign falls (0.199 -> 0.0), and no
 timing is asserted (the timeouts only bound a hung run on a loaded machine).
+
+The trainer computes in fp32 on every device. With a bf16 trainer on CUDA this run does not
+learn (0.348 -> 0.328 on one H200; fp32 there: 0.320 -> 0.512; a bf16 trainer on a CPU learns),
+cause not established: docs/gpu.md, Known limits. The `cuda` case records it as an expected
+failure, so that the GPU self-check reports the day it learns.
 """
 
 from __future__ import annotations
@@ -31,7 +36,20 @@ MARGIN = 0.1  # required rise of the mean batch reward (a working loop: about +0
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def test_grpo_makes_the_warm_started_walk_reliable(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        "float32",
+        pytest.param(
+            "bfloat16",
+            marks=[
+                pytest.mark.cuda,
+                pytest.mark.xfail(strict=True, reason="a bf16 trainer on CUDA does not learn the walk: docs/gpu.md"),
+            ],
+        ),
+    ],
+)
+def test_grpo_makes_the_warm_started_walk_reliable(dtype, tmp_path, tiny_model_dir):
     sft_dir = str(tmp_path / "sft")
     sft = subprocess.run(
         [
@@ -43,7 +61,7 @@ def test_grpo_makes_the_warm_started_walk_reliable(tmp_path, tiny_model_dir):
     assert sft.returncode == 0, (sft.stdout + sft.stderr)[-4000:]
     rows = run_example(tmp_path, sft_dir, "reasoning", [
         f"total_train_steps={STEPS}", *TASK, "train_dataset.batch_size=8", "gconfig.max_new_tokens=96",
-        "actor.ppo_n_minibatches=1", "launcher.setup_commands=[]",
+        "actor.ppo_n_minibatches=1", "launcher.setup_commands=[]", f"actor.dtype={dtype}",
     ], config=CONFIG, timeout=500)  # fmt: skip
     rewards = [r["reward"] for r in rows if "reward" in r]
     assert len(rewards) == STEPS
