@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
@@ -119,4 +120,6 @@ def test_interrupted_answer_continues_after_its_last_token(two_servers, tiny_mod
     cut = resp.output_versions.count(0)  # tokens returned before the pause
     assert 0 < cut < LONG and resp.output_versions == [0] * cut + [1] * (LONG - cut)
     assert resp.output_tokens == reference.output_tokens, f"the answer changed after its first {cut} tokens"
+    # and so do the behaviour logprobs: a shifted or repeated one would be off by whole nats (fp32, same weights)
+    torch.testing.assert_close(resp.output_logprobs, reference.output_logprobs, rtol=1e-5, atol=1e-5)
     assert sampled == LONG, f"the server sampled {sampled} tokens for an answer of {LONG}"
