@@ -1,4 +1,5 @@
-"""The README's tool-calling and OpenAI-client examples, taken from the docs verbatim, run."""
+"""The tool-calling and OpenAI-client examples of docs/agents.md (§7, §8; in the README until it was
+trimmed), taken from the docs verbatim, run."""
 
 import asyncio
 import re
@@ -11,22 +12,24 @@ from arealite.config import GenerationHyperparameters
 from arealite.workflow.tools import ToolError
 
 pytestmark = pytest.mark.timeout(180)
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "agents.md"
 
 
 def section_code(title: str) -> dict:
-    """Run the first python block of the README section `title`; returns its namespace."""
-    text = README.read_text()
+    """Run the first python block of the docs/agents.md section `title`; returns its namespace."""
+    text = DOC.read_text()
     if f"## {title}\n" not in text:
-        pytest.fail(f"no '## {title}' section in README.md")
+        pytest.fail(f"no '## {title}' section in docs/agents.md")
     section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
     namespace: dict = {}
-    exec(compile(re.search(r"```python\n(.*?)```", section, re.S).group(1), f"README {title}", "exec"), namespace)
+    exec(
+        compile(re.search(r"```python\n(.*?)```", section, re.S).group(1), f"docs/agents.md {title}", "exec"), namespace
+    )
     return namespace
 
 
 def test_readme_tool(tool_tokenizer):
-    capital = section_code("Tool calling")["Capital"]()
+    capital = section_code("7. Tool calling")["Capital"]()
     assert asyncio.run(capital.arun({"country": "Japan"})) == "Tokyo"
     with pytest.raises(ToolError, match="Atlantis"):
         asyncio.run(capital.arun({"country": "Atlantis"}))
@@ -37,7 +40,7 @@ def test_readme_tool(tool_tokenizer):
 
 
 def test_readme_agent_workflow(tool_engine, tool_tokenizer):
-    workflow_class = section_code("Training agents written against the OpenAI client")["AgentWorkflow"]
+    workflow_class = section_code("8. Agents written against the OpenAI client, inside a workflow")["AgentWorkflow"]
     workflow = workflow_class(
         GenerationHyperparameters(group_size=2, temperature=0.0, max_new_tokens=80), tool_tokenizer
     )
