@@ -91,7 +91,7 @@ def test_the_renamed_keys_leave_when_0_2_0_is_cut():
     import re
     from pathlib import Path
 
-    from arealite.config_loading import RENAMED
+    from arealite.config.loading import RENAMED
 
     pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     major, minor = (int(part) for part in re.search(r'^version = "(\d+)\.(\d+)', pyproject, re.M).groups())
@@ -105,7 +105,7 @@ def test_every_config_field_has_help_text():
     import dataclasses
     import typing
 
-    from arealite.config_help import field_help
+    from arealite.config.help import field_help
 
     missing, seen, todo = [], set(), [GRPOConfig]
     while todo:
@@ -123,7 +123,7 @@ def test_every_config_field_has_help_text():
 
 
 def test_help_prints_every_field_with_default_and_help_and_exits_zero(capsys):
-    from arealite.config_help import leaf_fields
+    from arealite.config.help import leaf_fields
 
     with pytest.raises(SystemExit) as exit_info:
         load_config(["--config", "does-not-matter.yaml", "--help"], GRPOConfig)
@@ -141,7 +141,7 @@ def test_field_help_reads_field_metadata_and_help_shows_the_choices():
     from typing import Literal
 
     from arealite.config import setting
-    from arealite.config_help import config_help, field_help
+    from arealite.config.help import config_help, field_help
 
     @dataclasses.dataclass
     class Demo:

@@ -66,8 +66,7 @@ def rel_diff(value: float, reference: float) -> float:
 def replay(dump_dir: str, step: int, run_dir: str | None = None) -> dict[str, float]:
     """Replay step `step`; returns its update stats (of the last optimizer step) and the relative diffs."""
     from arealite import world
-    from arealite.config import GRPOConfig
-    from arealite.config_loading import load_config
+    from arealite.config import GRPOConfig, load_config
     from arealite.train.actor import PPOActor
 
     meta = read_meta(dump_dir, step)

@@ -78,7 +78,10 @@ class SampleGenerator:
                 resp.stop_reason = "length"  # the context is full
                 break
             try:
-                chunk = await self._call_server(address, prompt, req, now_budget, resp.output_len, lora_name)
+                call = self._generate_once(address, prompt, req, now_budget, resp.output_len, lora_name)
+                chunk = await self._pool.unless_left(address, call)  # a hung server never closes the connection
+                if chunk is None:
+                    raise TransientServerError("server left the rotation during the request", address, req.rid)
             except TransientServerError as e:
                 failures = await self._after_failure(address, e, failures)
                 continue
@@ -101,28 +104,6 @@ class SampleGenerator:
                 await asyncio.sleep(0.05)  # aborted while queued: don't spin
         resp.latency = time.monotonic() - started
         return resp
-
-    async def _call_server(
-        self,
-        address: str,
-        prompt: list[int],
-        req: ModelRequest,
-        max_new_tokens: int,
-        produced: int,
-        lora_name: str | None = None,
-    ) -> protocol.GenerateChunk:
-        """One /generate call, abandoned as a transient failure if the server leaves the
-        rotation meanwhile (a hung server never closes the connection)."""
-        left = self._pool.left_rotation(address)
-        call = asyncio.ensure_future(self._generate_once(address, prompt, req, max_new_tokens, produced, lora_name))
-        try:
-            await asyncio.wait((call, left), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not call.done():
-                call.cancel()
-        if not call.done() or call.cancelled():  # cancel() only takes effect at the task's next step
-            raise TransientServerError("server left the rotation during the request", address, req.rid)
-        return call.result()
 
     async def _generate_once(
         self,

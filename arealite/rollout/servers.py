@@ -113,9 +113,12 @@ class ServerPool:
         """`call`'s result, or None (the call cancelled) once `address` leaves the rotation first:
         a server cut off mid-call would otherwise hold it until the call's own timeout."""
         task = asyncio.ensure_future(call)
-        await asyncio.wait((task, self.left_rotation(address)), return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            task.cancel()
+        try:
+            await asyncio.wait((task, self.left_rotation(address)), return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the caller is cancelled: the call must not outlive it
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():  # cancel() only takes effect at the task's next step
             return None
         return task.result()
 

@@ -42,3 +42,28 @@ def test_down_server_leaves_and_rejoins_rotation():
 def test_no_addresses_names_the_fix():
     with pytest.raises(ValueError, match="AREAL_LLM_SERVER_ADDRS"):
         ServerPool([])
+
+
+def test_unless_left_cancels_the_call_when_the_server_leaves_or_the_caller_is_cancelled():
+    import asyncio
+
+    async def main() -> None:
+        pool = ServerPool(["a:1"])
+        assert await pool.unless_left("a:1", asyncio.sleep(0, result=7)) == 7
+        call = asyncio.ensure_future(asyncio.sleep(60))
+        leave = asyncio.get_running_loop().call_later(0.01, pool.take_out, "a:1", "test")
+        assert await pool.unless_left("a:1", call) is None
+        await asyncio.sleep(0)
+        assert call.cancelled()
+        leave.cancel()
+        pool.mark_up("a:1")
+        call = asyncio.ensure_future(asyncio.sleep(60))
+        caller = asyncio.ensure_future(pool.unless_left("a:1", call))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        await asyncio.sleep(0)
+        assert call.cancelled()  # the call does not outlive its caller
+
+    asyncio.run(main())

@@ -1,7 +1,7 @@
 """`--help` for a config dataclass tree: every field with its type, default and help text.
 
 A field's help text is its metadata (`field(metadata={"help": ...})`, written
-`setting(default, "help")` in `arealite.config`), so a field is documented once, beside its
+`setting(default, "help")` in `arealite.config.fields`), so a field is documented once, beside its
 definition, and read without parsing source. A `Literal` type shows the field's choices.
 `config_help` renders the whole tree, one line per leaf field, grouped by section with the
 section class's docstring.

@@ -4,7 +4,7 @@ Works for any dataclass tree (omegaconf does the merging). An unknown key fails 
 dotted path and the closest valid names; a key that was renamed or removed fails naming its
 new spelling (`RENAMED`); a wrong type fails naming the field and the expected type;
 validation in the dataclasses' `__post_init__` raises `ConfigError`. `-h` / `--help` prints
-every field with its type, default and help text (`arealite.config_help`) and exits 0.
+every field with its type, default and help text (`arealite.config.help`) and exits 0.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def load_config(argv: list[str], cls: type[C], prog: str | None = None) -> C:
     naming `prog`, default: this process's script) and exits 0.
     """
     if any(arg in HELP_FLAGS for arg in argv):
-        from arealite.config_help import config_help
+        from arealite.config.help import config_help
 
         sys.stdout.write(config_help(cls, prog=prog or f"python {os.path.basename(sys.argv[0]) or 'SCRIPT'}"))
         sys.stdout.flush()
