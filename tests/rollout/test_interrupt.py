@@ -10,11 +10,12 @@ import time
 
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.reward.math import gsm8k_reward_fn
 from arealite.rollout import RemoteSGLangEngine
+from arealite.server.cli import eos_token_ids
 from arealite.types import ModelRequest, WeightUpdateMeta
 from arealite.workflow import RLVRWorkflow
 
@@ -123,3 +124,63 @@ def test_interrupted_answer_continues_after_its_last_token(two_servers, tiny_mod
     # and so do the behaviour logprobs: a shifted or repeated one would be off by whole nats (fp32, same weights)
     torch.testing.assert_close(resp.output_logprobs, reference.output_logprobs, rtol=1e-5, atol=1e-5)
     assert sampled == LONG, f"the server sampled {sampled} tokens for an answer of {LONG}"
+
+
+def test_each_token_carries_the_logprob_of_the_weights_that_sampled_it(two_servers, tiny_model_dir, tmp_path):
+    """A sync to *different* weights in the middle of a sampled answer: every token tagged
+    version 0 has the logprob that weights A give it, every token tagged 1 the logprob of
+    weights B, recomputed by transformers over the whole sequence (fp32). This is what the
+    decoupled loss and every rollout correction divide by; same-weight syncs cannot show it."""
+    server = two_servers[0]
+    weights_a, weights_b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(tiny_model_dir, weights_a)
+    shutil.copytree(tiny_model_dir, weights_b)
+    model_a = AutoModelForCausalLM.from_pretrained(weights_a, dtype=torch.float32).eval()
+    model_b = AutoModelForCausalLM.from_pretrained(weights_b, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model_b.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.3 * p.std().clamp(min=1e-3))
+    model_b.save_pretrained(weights_b)
+    gconfig = GenerationHyperparameters(max_new_tokens=LONG, min_new_tokens=LONG, temperature=1.0)
+    prompt = AutoTokenizer.from_pretrained(tiny_model_dir).encode("walk 3 40", add_special_tokens=False)
+    engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [server.address])
+    engine.initialize()
+    try:
+        engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights_a), version=0)).result(timeout=60)
+        engine.set_version(0)
+        before = _decode_steps(server)
+        pending = engine.loop.submit(engine.agenerate(ModelRequest(prompt, gconfig)))
+        while _decode_steps(server) < before + LONG // 3:
+            time.sleep(0.005)
+        engine.pause()
+        engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights_b), version=1)).result(timeout=60)
+        engine.set_version(1)
+        engine.resume()
+        resp = pending.result(timeout=120)
+    finally:
+        # the session's servers go back to the tiny model for the tests after this one
+        engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights_a), version=0)).result(timeout=60)
+        engine.destroy()
+
+    cut = resp.output_versions.count(0)
+    assert resp.n_interruptions == 1 and 0 < cut < LONG and resp.output_versions == [0] * cut + [1] * (LONG - cut)
+    ids = torch.tensor([prompt + resp.output_tokens])
+    tokens = ids[0, len(prompt) :]
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    stop_ids = sorted(eos_token_ids(str(tiny_model_dir), tokenizer, model_a.config))
+
+    def logprobs(model) -> torch.Tensor:
+        """The served convention: min_new_tokens bans the stop tokens before the softmax."""
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+        logits[:, stop_ids] = float("-inf")
+        return torch.log_softmax(logits, -1).gather(1, tokens[:, None])[:, 0]
+
+    served = torch.tensor(resp.output_logprobs)
+    by_a, by_b = logprobs(model_a), logprobs(model_b)
+    torch.testing.assert_close(served[:cut], by_a[:cut], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(served[cut:], by_b[cut:], rtol=1e-4, atol=1e-4)
+    # the two weight sets disagree on these tokens, so a token tagged with the wrong version fails above
+    assert (by_a - by_b).abs().mean() > 1e-2
