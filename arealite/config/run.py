@@ -22,7 +22,11 @@ class LauncherConfig:
     gpus_per_server: int = setting(1, "ignored by the built-in server on CPU")
     server_start_timeout: float = setting(180.0, "seconds a server may take to answer /health before the launch fails")
     max_server_restarts: int = setting(0, "restarts per server before the run stops")
-    setup_commands: list[str] = setting(factory=list, help="shell commands run once before servers start")
+    setup_commands: list[str] = setting(
+        factory=list,
+        help="shell commands run once before servers start, as written: command-line overrides do not reach "
+        "them (a warm start reads its --config file; edit that, or override launcher.setup_commands)",
+    )
     cpus_per_server: int = setting(
         1,
         "CPUs reserved per server (Ray bundle, Slurm --cpus-per-task; local built-in server: its torch "
