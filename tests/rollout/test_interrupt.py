@@ -85,6 +85,22 @@ def _decode_steps(server) -> int:
     return server.get("/get_server_info")[1]["internal_states"][0]["decode_steps"]
 
 
+def _sync_mid_answer(engine, server, prompt: list[int], gconfig, weights) -> tuple:
+    """Generate `prompt` on the weights in place (version 0); once a third of the answer is out,
+    pause, load `weights` as version 1 and resume. Returns (the response, the server's decode
+    steps while it was generated)."""
+    before = _decode_steps(server)
+    pending = engine.loop.submit(engine.agenerate(ModelRequest(prompt, gconfig)))
+    while _decode_steps(server) < before + LONG // 3:
+        time.sleep(0.005)
+    engine.pause()
+    engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights), version=1)).result(timeout=60)
+    engine.set_version(1)
+    engine.resume()
+    resp = pending.result(timeout=120)
+    return resp, _decode_steps(server) - before
+
+
 def test_interrupted_answer_continues_after_its_last_token(two_servers, tiny_model_dir, tmp_path):
     """A weight sync in the middle of an answer: the server returns the partial answer, the
     client resubmits prompt + partial, and generation continues from the next token. Greedy
@@ -103,16 +119,8 @@ def test_interrupted_answer_continues_after_its_last_token(two_servers, tiny_mod
         engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights), version=0)).result(timeout=60)
         engine.set_version(0)
         reference = engine.loop.submit(engine.agenerate(ModelRequest(prompt, gconfig))).result(timeout=120)
-        before = _decode_steps(server)
-        pending = engine.loop.submit(engine.agenerate(ModelRequest(prompt, gconfig)))
-        while _decode_steps(server) < before + LONG // 3:  # a third of the answer is out
-            time.sleep(0.005)
-        engine.pause()
-        engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights), version=1)).result(timeout=60)
-        engine.set_version(1)
-        engine.resume()
-        resp = pending.result(timeout=120)
-        sampled = _decode_steps(server) - before + resp.n_interruptions + 1  # + one token per prefill
+        resp, decode_steps = _sync_mid_answer(engine, server, prompt, gconfig, weights)
+        sampled = decode_steps + resp.n_interruptions + 1  # + one token per prefill
     finally:
         engine.destroy()
 
@@ -149,15 +157,7 @@ def test_each_token_carries_the_logprob_of_the_weights_that_sampled_it(two_serve
     try:
         engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights_a), version=0)).result(timeout=60)
         engine.set_version(0)
-        before = _decode_steps(server)
-        pending = engine.loop.submit(engine.agenerate(ModelRequest(prompt, gconfig)))
-        while _decode_steps(server) < before + LONG // 3:
-            time.sleep(0.005)
-        engine.pause()
-        engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights_b), version=1)).result(timeout=60)
-        engine.set_version(1)
-        engine.resume()
-        resp = pending.result(timeout=120)
+        resp, _ = _sync_mid_answer(engine, server, prompt, gconfig, weights_b)
     finally:
         # the session's servers go back to the tiny model for the tests after this one
         engine.update_weights(WeightUpdateMeta(type="disk", path=str(weights_a), version=0)).result(timeout=60)
