@@ -50,15 +50,13 @@ def _update(engine: FSDPEngine, batch: dict) -> torch.Tensor:
 
 def test_bf16_gradient_and_update_follow_fp32_on_a_long_packed_batch(tiny_model_dir):
     batch = _batch()
-    bf16, fp32 = _engine(tiny_model_dir, "bfloat16").initialize(), _engine(tiny_model_dir, "float32").initialize()
-    assert bf16.compute_dtype == torch.bfloat16 and fp32.compute_dtype == torch.float32
-    g16, g32 = _grads(bf16, batch), _grads(fp32, batch)
-    whole = _cos(torch.cat(list(g16.values())), torch.cat(list(g32.values())))
-    worst = min((_cos(g16[n], g32[n]), n) for n in g32)
-    print(f"bf16 vs fp32 gradient cosine: {whole:.6f} over the model, {worst[0]:.6f} at worst ({worst[1]})")
-    assert whole >= 0.99 and worst[0] >= 0.98, (whole, worst)
-    update = _cos(_update(bf16, batch), _update(fp32, batch))
-    print(f"bf16 vs fp32 first update cosine: {update:.6f}")
-    assert update >= 0.95, update
-    bf16.destroy()
-    fp32.destroy()
+    with _engine(tiny_model_dir, "bfloat16") as bf16, _engine(tiny_model_dir, "float32") as fp32:
+        assert bf16.compute_dtype == torch.bfloat16 and fp32.compute_dtype == torch.float32
+        g16, g32 = _grads(bf16, batch), _grads(fp32, batch)
+        whole = _cos(torch.cat(list(g16.values())), torch.cat(list(g32.values())))
+        worst = min((_cos(g16[n], g32[n]), n) for n in g32)
+        print(f"bf16 vs fp32 gradient cosine: {whole:.6f} over the model, {worst[0]:.6f} at worst ({worst[1]})")
+        assert whole >= 0.99 and worst[0] >= 0.98, (whole, worst)
+        update = _cos(_update(bf16, batch), _update(fp32, batch))
+        print(f"bf16 vs fp32 first update cosine: {update:.6f}")
+        assert update >= 0.95, update
