@@ -129,3 +129,39 @@ def test_server_and_trainer_report_the_truncated_renormalised_logprob(
     assert cut > 100 * bound, "nothing was truncated: the case does not test truncation"
     if top_k == 1 and temperature == 1.0:
         assert all(v == 0.0 for v in reported) and bool((trainer == 0).all())
+
+
+@pytest.mark.timeout(240)
+def test_bf16_server_and_trainer_agree_on_truncated_logprobs(model_dir) -> None:
+    """bf16 on both sides, measured: the gap between the server's and the trainer's truncated
+    logprobs is bf16 rounding (a kept set can differ at its edge), far below what the truncation
+    itself moves. The bound on the mean is one bf16 epsilon relative to the largest |logprob|:
+    each side rounds its logits once to bf16 (the server's and the trainer's kernels differ)."""
+    temperature, top_p, top_k, min_p = 1.0, 0.9, 8, 0.02
+    params = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p}
+    args = ["--dtype", "bfloat16", "--torch-threads", "1", "--skip-server-warmup", "--random-seed", "3"]
+    proc = launch_server_process(model_dir, extra_args=args)
+    try:
+        results = _generate(proc, params)
+    finally:
+        proc.stop()
+    config = PPOActorConfig(path=model_dir, dtype="bfloat16", optimizer=OptimizerConfig(lr=1e-3))
+    gconfig = GenerationHyperparameters(group_size=1, **params)
+    actor = PPOActor(config, gconfig).initialize()
+    batch = batch_from_results(PROMPTS, results)
+    mask = batch["loss_mask"].bool()
+    trainer = actor.compute_logp(batch)[mask].double()
+    actor.gconfig = GenerationHyperparameters(group_size=1, temperature=temperature)
+    untruncated = actor.compute_logp(batch)[mask].double()
+    triples = [t for r in results for t in r["meta_info"]["output_token_logprobs"]]
+    reported = torch.tensor([t[0] for t in triples], dtype=torch.float64)
+    gap = (reported - trainer).abs()
+    cut = (untruncated - trainer).abs()
+    bound = tolerance(torch.bfloat16, 1, k=1.0) * max(1.0, float(trainer.abs().max()))
+    print(
+        f"bf16 {params}: |server - trainer| mean {float(gap.mean()):.2e}, max {float(gap.max()):.2e} "
+        f"over {gap.numel()} tokens (bound on the mean {bound:.1e}); "
+        f"truncation moves logprobs by {float(cut.mean()):.2f} on average, up to {float(cut.max()):.2f}"
+    )
+    assert float(gap.mean()) <= bound
+    assert float(cut.mean()) > 2 * bound, "a trainer that ignored the truncation would pass: the case tests nothing"
