@@ -76,3 +76,6 @@ def test_reasoning_job_and_its_async_variant_share_model_task_and_evaluation():
     assert variant.rollout.max_head_offpolicyness >= 1 and variant.actor.use_decoupled_loss
     # every correct answer fits the budget: truncation means a policy that does not stop
     assert sync.gconfig.max_new_tokens >= TOKENS_PER_STEP * sync.train_dataset.max_steps
+    # the overlong penalty falls only on answers longer than any correct one, in both jobs
+    assert variant.actor.overlong_tokens == sync.actor.overlong_tokens
+    assert sync.gconfig.max_new_tokens - sync.actor.overlong_tokens >= TOKENS_PER_STEP * sync.train_dataset.max_steps
