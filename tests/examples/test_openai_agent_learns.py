@@ -1,0 +1,54 @@
+"""An unmodified `openai`-package program learns through the endpoint: examples/openai_agent_grpo.py
+through the local launcher, every sample a run of examples/openai_agent.py in a subprocess, on a
+random tiny model scored by the even-token fraction of the program's final reply
+(tests/e2e/varied_reward.py: reward variance in every group from the first step).
+
+The mean batch reward must rise by a clear margin within a few steps; with the policy
+gradient's sign flipped it falls instead, so the test fails. It can rise only if the tokens
+the program was sent reach the trainer as the trained tokens, with their logprobs, and the
+weight sync puts the new policy behind the endpoint. Sampling is seeded; no timing is
+asserted (the timeout bounds a hung run on a loaded machine).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from arealite.config import GRPOConfig, load_config
+from arealite.launcher.process import with_package_path
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(REPO_ROOT, "configs", "tiny_cpu_openai_agent.yaml")
+STEPS = 12
+WINDOW = 3  # steps averaged at each end
+MARGIN = 0.1  # required rise of the mean batch reward
+
+
+def test_openai_agent_program_raises_its_reward(tmp_path, tiny_model_dir):
+    overrides = [
+        f"fileroot={tmp_path}", f"actor.path={tiny_model_dir}", "launcher.setup_commands=[]",
+        f"total_train_steps={STEPS}", "reward_fn=tests.e2e.varied_reward:even_token_fraction",
+        "train_dataset.num_samples=256", "train_dataset.batch_size=4", "gconfig.group_size=4",
+        "gconfig.max_new_tokens=8", "gconfig.sampling_seed=5", "actor.optimizer.lr=0.02",
+        "actor.optimizer.lr_scheduler_type=constant", "actor.optimizer.warmup_steps_proportion=0",
+        "evaluator.num_samples=4", "stats_logger.plot=false",
+    ]  # fmt: skip
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"  # the test's reward function
+    cmd = [sys.executable, "-m", "arealite.launcher.local", "examples/openai_agent_grpo.py", "--config", CONFIG]
+    proc = subprocess.run([*cmd, *overrides], env=env, capture_output=True, text=True, timeout=560, cwd=REPO_ROOT)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert re.search(r"eval_accuracy_before=[\d.]+ eval_accuracy_after=[\d.]+", proc.stdout), proc.stdout[-2000:]
+    run_dir = load_config(["--config", CONFIG, *overrides], GRPOConfig).run_dir
+    rows = [json.loads(x) for x in open(os.path.join(run_dir, "stats.jsonl"))]
+    rewards = [r["reward"] for r in rows if "reward" in r]
+    assert len(rewards) == STEPS and rows[-1]["agent/agent_timeouts"] == 0
+    assert rows[-1]["agent/samples"] >= STEPS * 4 * 4  # every sample was a program run
+    first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
+    print(f"openai agent: mean batch reward, first {WINDOW} steps {first:.3f}, last {WINDOW} steps {last:.3f}")
+    assert last >= first + MARGIN, f"the agent did not learn: reward {first:.3f} -> {last:.3f} ({rewards})"
