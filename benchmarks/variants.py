@@ -57,9 +57,9 @@ def load_matrix(path: Path, quick: bool, names: list[str] | None) -> dict[str, l
     unknown = sorted(set(names or []) - set(variants))
     if unknown:
         raise SystemExit(f"unknown variants {unknown} (not in {path}); choose from {sorted(variants)}")
-    common = list(spec.get("common", [])) + (list(spec.get("quick", [])) if quick else [])
-    return {
-        name: ["--config", str(REPO / v["base"]), *common, *v.get("overrides", [])]
+    common, last = list(spec.get("common", [])), (list(spec.get("quick", [])) if quick else [])
+    return {  # --quick's schedule wins over a variant's own
+        name: ["--config", str(REPO / v["base"]), *common, *v.get("overrides", []), *last]
         for name, v in variants.items()
         if not names or name in names
     }
