@@ -7,7 +7,10 @@ The mean batch reward must rise by a clear margin within a few steps; with the p
 gradient's sign flipped it falls instead, so the test fails. It can rise only if the tokens
 the program was sent reach the trainer as the trained tokens, with their logprobs, and the
 weight sync puts the new policy behind the endpoint. Sampling is seeded; no timing is
-asserted (the timeout bounds a hung run on a loaded machine).
+asserted (the timeout bounds a hung run on a loaded machine). It is also the example's smoke
+run in the default test command (exit 0, the accuracy line, one weight version per step, no
+program timed out); tests/examples/test_openai_agent_example.py (heavy) runs it on the
+tool-calling model.
 """
 
 import json
@@ -48,6 +51,7 @@ def test_openai_agent_program_raises_its_reward(tmp_path, tiny_model_dir):
     rows = [json.loads(x) for x in open(os.path.join(run_dir, "stats.jsonl"))]
     rewards = [r["reward"] for r in rows if "reward" in r]
     assert len(rewards) == STEPS and rows[-1]["agent/agent_timeouts"] == 0
+    assert [r["step"] for r in rows] == list(range(STEPS)) and all(r["version"] == r["step"] + 1 for r in rows)
     assert rows[-1]["agent/samples"] >= STEPS * 4 * 4  # every sample was a program run
     first, last = sum(rewards[:WINDOW]) / WINDOW, sum(rewards[-WINDOW:]) / WINDOW
     print(f"openai agent: mean batch reward, first {WINDOW} steps {first:.3f}, last {WINDOW} steps {last:.3f}")
