@@ -13,20 +13,11 @@ program timed out); tests/examples/test_openai_agent_example.py (heavy) runs it 
 tool-calling model.
 """
 
-import json
-import os
-import re
-import subprocess
-import sys
-
 import pytest
 
-from arealite.config import GRPOConfig, load_config
-from arealite.launcher.process import with_package_path
+from tests.examples.agent_example_run import run_agent_example
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFIG = os.path.join(REPO_ROOT, "configs", "tiny_cpu_openai_agent.yaml")
 STEPS = 12
 WINDOW = 3  # steps averaged at each end
 MARGIN = 0.1  # required rise of the mean batch reward
@@ -41,14 +32,7 @@ def test_openai_agent_program_raises_its_reward(tmp_path, tiny_model_dir):
         "actor.optimizer.lr_scheduler_type=constant", "actor.optimizer.warmup_steps_proportion=0",
         "evaluator.num_samples=4", "stats_logger.plot=false",
     ]  # fmt: skip
-    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"  # the test's reward function
-    cmd = [sys.executable, "-m", "arealite.launcher.local", "examples/openai_agent_grpo.py", "--config", CONFIG]
-    proc = subprocess.run([*cmd, *overrides], env=env, capture_output=True, text=True, timeout=560, cwd=REPO_ROOT)
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    assert re.search(r"eval_accuracy_before=[\d.]+ eval_accuracy_after=[\d.]+", proc.stdout), proc.stdout[-2000:]
-    run_dir = load_config(["--config", CONFIG, *overrides], GRPOConfig).run_dir
-    rows = [json.loads(x) for x in open(os.path.join(run_dir, "stats.jsonl"))]
+    _, rows = run_agent_example(overrides, timeout=560)
     rewards = [r["reward"] for r in rows if "reward" in r]
     assert len(rewards) == STEPS and rows[-1]["agent/agent_timeouts"] == 0
     assert [r["step"] for r in rows] == list(range(STEPS)) and all(r["version"] == r["step"] + 1 for r in rows)
