@@ -13,7 +13,8 @@ with the matrix's common overrides, the variant's and the seed's. Prints one lin
 `variants_learning=<k>/<n>`: a variant learns when its mean final pass@1 is >= 0.8 and its
 worst seed >= 0.7. Writes `results.json` and `variants.png` (the held-out pass@1 curves, the
 mean over seeds with a min-max band) to --out. A synchronous run keeps about one core busy
-(server and trainer take turns), so `--jobs 2` runs two at once on two cores.
+(server and trainer take turns), so `--jobs 2` runs two at once on two cores; the runs with
+the most training steps start first, so that the matrix does not end on one long run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,12 @@ def run_one(run: Run, out: Path, timeout: float) -> Run:
     return run
 
 
+def planned_steps(args: list[str]) -> int:
+    """The run's total_train_steps (the last override wins), 0 when the base config sets it."""
+    steps = [int(a.split("=", 1)[1]) for a in args if a.startswith("total_train_steps=")]
+    return steps[-1] if steps else 0
+
+
 def summary(name: str, runs: list[Run]) -> tuple[str, bool]:
     finals = [r.final for r in runs]
     secs = [r.seconds for r in runs]
@@ -153,10 +160,12 @@ def main(argv: list[str] | None = None) -> None:
         matrix = {n: [*args, *smoke] for n, args in matrix.items()}
     a.out.mkdir(parents=True, exist_ok=True)
     runs = [Run(n, s, [*args, *a.extra]) for s in seeds for n, args in matrix.items()]
+    order = sorted(runs, key=lambda r: -planned_steps(r.args))  # longest first (stable: seed-major otherwise)
     print(f"{len(runs)} runs ({len(matrix)} variants x {len(seeds)} seeds), {a.jobs} at a time; logs in {a.out}")
     t0 = time.perf_counter()
     with ThreadPoolExecutor(a.jobs) as pool:
-        for r in pool.map(lambda r: run_one(r, a.out, a.timeout), runs):
+        for done in as_completed([pool.submit(run_one, r, a.out, a.timeout) for r in order]):
+            r = done.result()
             status = r.error or f"pass@1 {r.final:.3f}"
             print(f"  {r.variant} seed {r.seed}: {status} ({r.seconds:.0f} s)", flush=True)
     by_variant = {n: [r for r in runs if r.variant == n] for n in matrix}
