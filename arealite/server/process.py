@@ -4,7 +4,9 @@
         requests.post(f"http://{server.address}/generate", json=...)
 
 The server binds a free loopback port, its output goes to a log file (`server.log_path`),
-and `launch_server_process` returns once `/health` answers 200. Leaving the `with` block
+and `launch_server_process` returns once `/health` answers 200. A log file it chose itself
+(no `log_path` given: a temporary file) is removed when `stop()` stops a running server, and
+kept when the server had died on its own or failed to start (the error names it). Leaving the `with` block
 stops the server, also on an error; a server never stopped is stopped when this Python
 process exits (a notebook kernel shutting down or restarting), and stops itself within a
 second when this process dies without stopping it (SIGKILL included).
@@ -34,11 +36,12 @@ class ServerStartError(RuntimeError):
 class ServerProcess:
     """A running `python -m arealite.server` subprocess."""
 
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_path: str):
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, log_path: str, temporary_log: bool = False):
         self.proc = proc
         self.host = host
         self.port = port
         self.log_path = log_path
+        self.temporary_log = temporary_log  # removed by stop() unless the server died on its own
 
     @property
     def address(self) -> str:
@@ -87,8 +90,10 @@ class ServerProcess:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after `timeout` seconds."""
+        """SIGTERM, then SIGKILL after `timeout` seconds; removes a temporary log unless the
+        server had already died on its own."""
         _RUNNING.discard(self)
+        died_on_its_own = self.proc.poll() not in (None, 0)
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -96,6 +101,12 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.temporary_log and not died_on_its_own:
+            try:
+                os.unlink(self.log_path)
+            except FileNotFoundError:
+                pass
+            self.temporary_log = False
 
     def __enter__(self) -> ServerProcess:
         return self
@@ -130,7 +141,8 @@ def launch_server_process(
     Raises ServerStartError with the log tail if the process exits or `timeout` passes.
     """
     port = port or free_ports(1, host)[0]
-    if log_path is None:
+    temporary_log = log_path is None
+    if temporary_log:
         fd, log_path = tempfile.mkstemp(prefix=f"arealite_server_{port}_", suffix=".log")
         os.close(fd)
     full_env = {
@@ -157,7 +169,7 @@ def launch_server_process(
     ]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-    server = ServerProcess(proc, host, port, log_path)
+    server = ServerProcess(proc, host, port, log_path, temporary_log)
     _RUNNING.add(server)
     deadline = time.monotonic() + timeout
     try:
@@ -171,5 +183,6 @@ def launch_server_process(
             time.sleep(0.2)
         raise ServerStartError(f"server not healthy after {timeout} s; log {log_path}:\n{server.log_tail()}")
     except BaseException:  # also Ctrl-C / a notebook's interrupt while waiting
+        server.temporary_log = False  # the error names the log
         server.stop()
         raise

@@ -1,6 +1,7 @@
 """The server helper releases its process: on leaving a `with` block (errors included), and,
 for a server never stopped, when the Python process that started it exits (a notebook kernel
-shutting down) or is SIGKILLed (the server's own parent watch)."""
+shutting down) or is SIGKILLed (the server's own parent watch). A temporary log it chose goes
+with a server it stops; a log the caller named, or one of a server that died, stays."""
 
 import os
 import signal
@@ -36,8 +37,23 @@ def test_with_block_stops_the_server_on_error(tiny_model_dir):
         launch_server_process(tiny_model_dir, extra_args=ARGS) as server,
     ):
         assert server.is_alive()
+        assert os.path.isfile(server.log_path)
         raise RuntimeError("a failing cell")
     assert not server.is_alive()
+    assert not os.path.exists(server.log_path), "the temporary log outlived the server it was made for"
+
+
+def test_a_named_log_and_the_log_of_a_dead_server_are_kept(tiny_model_dir, tmp_path):
+    named = tmp_path / "server.log"
+    with launch_server_process(tiny_model_dir, extra_args=ARGS, log_path=str(named)) as server:
+        assert server.is_alive()
+    assert named.is_file() and named.stat().st_size > 0
+    server = launch_server_process(tiny_model_dir, extra_args=ARGS)
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(timeout=30)
+    server.stop()
+    assert os.path.isfile(server.log_path), "the log of a server that died on its own is what explains it"
+    os.unlink(server.log_path)
 
 
 def test_server_left_running_is_stopped_at_exit(tiny_model_dir):
