@@ -94,6 +94,21 @@ def commit_line() -> str:
         return "commit: unknown"
 
 
+def build_warm_start(config: str) -> str:
+    """The actor model of a job's config (a path under the repository), built with the job's
+    own `launcher.setup_commands` when absent, before any clock; returns its path."""
+    import yaml
+
+    with open(os.path.join(REPO, config)) as f:
+        spec = yaml.safe_load(f)
+    model = os.path.join(REPO, spec["actor"]["path"])
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        for cmd in spec["launcher"]["setup_commands"]:
+            print(f"building {model} with {config}'s setup: {cmd}", flush=True)
+            subprocess.run(cmd, shell=True, cwd=REPO, check=True)
+    return model
+
+
 def cpu_set(spec: str | None) -> set[int]:
     """`--cpus` ("0,1" or "0-3"); None means every CPU this process may use."""
     if not spec:

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/server_throughput.py [--model-path DIR] [--concurrency 32] \
         [--requests 256] [--repeats 5] [--threads 1] [--engine-cpus 0] [--client-cpus 1] \
-        [--sorted-batch-sizes 16 32 64] [--smoke]
+        [--sorted-batch-sizes 16 32 64 128 256] [--server-concurrencies 32 64 128 256] [--smoke]
 
 The workload is `--requests` requests of mixed lengths (prompts of 16-128 random tokens,
 each with its own budget of 16-256 new tokens; EOS also ends a request), the same on every
@@ -11,26 +11,29 @@ each on the same `--engine-cpus` with the same `--threads` torch threads (CPU on
 devices are hidden), alternating
 within each of `--repeats` paired repeats (every side reloads nothing between repeats):
 
-- server: `python -m arealite.server` (continuous batching) driven by `--concurrency`
-  closed-loop HTTP clients, one warm aiohttp session, running in this process on
-  `--client-cpus` (the client is the user's program, as a trainer would be).
+- server: `python -m arealite.server` (continuous batching) driven by closed-loop HTTP
+  clients, one warm aiohttp session, running in this process on `--client-cpus` (the
+  client is the user's program, as a trainer would be). Its number of clients is searched
+  as the baseline's batch size is: every value of `--server-concurrencies` is timed 3
+  times on the whole workload, and the fastest is used.
 - sorted (the baseline): the strongest use of `model.generate` a reviewer would name: the
   requests sorted by budget (then prompt length), so each batch's rows need about the same
   number of steps and the same padding, in batches of left-padded prompts with
   `max_new_tokens` = the largest budget of the batch (generate takes one budget per call),
   each row's output cut to its own budget afterwards. Its batch size is searched: every
   size of `--sorted-batch-sizes` is timed 3 times on the whole workload before the
-  repeats, and the fastest is used. A worker process on `--engine-cpus`.
-- batched: the same in arrival order, in batches of `--concurrency` (a weaker baseline:
+  repeats (up to the whole workload in one batch), and the fastest is used. A worker
+  process on `--engine-cpus`.
+- batched: the same in arrival order, in batches of `--concurrency` (32; a weaker baseline:
   each batch runs to its largest budget), printed beside.
 - sequential: `model.generate` one request at a time (each with its own budget), on the
   first 8 requests, in the same worker.
 
 Throughput counts useful tokens only (each request's output up to its budget or EOS).
 Prints every repeat, the spread (min/IQR/median/max) of the paired ratios, then
-`speedup_at_32=<median server / sequential>` (the concurrency in the name is
-`--concurrency`; 32 by default), `speedup_vs_batched_generate=<median server / batched>`
-and last `speedup_vs_sorted_batched_generate=<median server / sorted>`.
+`speedup_at_<N>=<median server / sequential>` (N: the server's searched client count),
+`speedup_vs_batched_generate=<median server / batched>` and last
+`speedup_vs_sorted_batched_generate=<median server / sorted>`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -146,8 +150,12 @@ def main() -> None:
     )
     p.add_argument("--client-cpus", default=None, help="CPUs of the HTTP clients (default: our other CPUs)")
     p.add_argument(
-        "--sorted-batch-sizes", type=int, nargs="+", default=[16, 32, 64],
+        "--sorted-batch-sizes", type=int, nargs="+", default=[16, 32, 64, 128, 256],
         help="batch sizes searched for the sorted generate baseline (3 timed runs each, the fastest kept)",
+    )  # fmt: skip
+    p.add_argument(
+        "--server-concurrencies", type=int, nargs="+", default=[32, 64, 128, 256],
+        help="client counts searched for the server (3 timed runs each, the fastest kept)",
     )  # fmt: skip
     p.add_argument(
         "--smoke", action="store_true", help="a few seconds: 4 short requests, 1 repeat (checks the script runs)"
@@ -160,6 +168,7 @@ def main() -> None:
         return
     if args.smoke:
         args.concurrency, args.requests, args.repeats, args.sorted_batch_sizes = 4, 4, 1, [2, 4]
+        args.server_concurrencies = [2, 4]
     ours = sorted(os.sched_getaffinity(0))
     engine_cpus = harness.cpu_set(args.engine_cpus) if args.engine_cpus else {ours[0]}
     client_cpus = harness.cpu_set(args.client_cpus) if args.client_cpus else (set(ours) - engine_cpus or engine_cpus)
@@ -189,7 +198,8 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
     print(
         f"workload: {len(work)} requests, prompts {min(len(p) for p, _ in work)}-{max(len(p) for p, _ in work)} "
         f"tokens, budgets {min(b for _, b in work)}-{max(b for _, b in work)} new tokens "
-        f"(sum {sum(b for _, b in work)}), temperature 1.0, EOS stops; concurrency {args.concurrency}; "
+        f"(sum {sum(b for _, b in work)}), temperature 1.0, EOS stops; server clients searched over "
+        f"{args.server_concurrencies}, {args.concurrency} beside the one-at-a-time and arrival-order baselines; "
         f"{args.repeats} paired repeats"
     )
     argv = [os.path.abspath(__file__), "--worker", "--model", model, "--threads", str(args.threads)]
@@ -198,7 +208,7 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
         "--torch-threads",
         str(args.threads),
         "--max-running-requests",
-        str(max(args.concurrency, 1)),
+        str(max(args.concurrency, *args.server_concurrencies, 1)),
         "--random-seed",
         "0",
     ]
@@ -224,8 +234,10 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
         loop.run_until_complete(serve_all(session, server.url, work[: args.concurrency], args.concurrency))
         hf.run(work=work[: args.concurrency], batch=args.concurrency, seed=0)
         best = calibrate(hf, work, args.sorted_batch_sizes)
+        clients = calibrate_server(lambda c: loop.run_until_complete(serve_all(session, server.url, work, c)),
+                                   args.server_concurrencies)  # fmt: skip
         sides = {
-            "server": lambda i: loop.run_until_complete(serve_all(session, server.url, work, args.concurrency)),
+            "server": lambda i: loop.run_until_complete(serve_all(session, server.url, work, clients)),
             "sorted": lambda i: tuple(hf.run(work=work, batch=best, seed=i, sort=True).values()),
             "batched": lambda i: tuple(hf.run(work=work, batch=args.concurrency, seed=i).values()),
             "sequential": lambda i: tuple(hf.run(work=seq_work, batch=1, seed=i).values()),
@@ -239,7 +251,7 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
                 print(f"{i:6d}  {name:<10} {seconds:8.2f} {tokens:7d} {tokens / seconds:7.0f}")
         loop.run_until_complete(session.close())
         loop.close()
-    report(args, rates)
+    report(args, rates, clients)
 
 
 def calibrate(hf: harness.SideProcess, work: list, sizes: list[int]) -> int:
@@ -261,18 +273,32 @@ def calibrate(hf: harness.SideProcess, work: list, sizes: list[int]) -> int:
     return best
 
 
-def report(args: argparse.Namespace, rates: dict[str, list[float]]) -> None:
+def calibrate_server(serve: Callable[[int], tuple[float, int]], concurrencies: list[int]) -> int:
+    """The fastest client count of the server: 3 timed runs each on the whole workload."""
+    medians = {}
+    for c in concurrencies:
+        rates = []
+        for _ in range(3):
+            seconds, tokens = serve(c)
+            rates.append(tokens / seconds)
+        medians[c] = sorted(rates)[1]
+        print(f"calibration, server, {c} clients: {harness.spread(rates, '.0f')} tok/s")
+    best = max(medians, key=medians.get)
+    print(f"server runs with {best} clients, the fastest")
+    return best
+
+
+def report(args: argparse.Namespace, rates: dict[str, list[float]], clients: int) -> None:
     vs_sorted = [s / b for s, b in zip(rates["server"], rates["sorted"])]
     vs_batched = [s / b for s, b in zip(rates["server"], rates["batched"])]
     vs_seq = [s / q for s, q in zip(rates["server"], rates["sequential"])]
     for name, r in rates.items():
         print(f"{name:<10} tok/s: {harness.spread(r, '.0f')}")
-    print(f"server / sequential generate: {harness.spread(vs_seq)}")
+    print(f"server ({clients} clients) / sequential generate: {harness.spread(vs_seq)}")
     print(f"server / batched generate:    {harness.spread(vs_batched)}  (arrival order, batch {args.concurrency})")
     print(f"server / sorted generate:     {harness.spread(vs_sorted)}  (the baseline)")
     print(harness.load_line())
-    c = args.concurrency
-    print(f"speedup_at_{c}={harness.quartiles(vs_seq)[2]:.2f}")
+    print(f"speedup_at_{clients}={harness.quartiles(vs_seq)[2]:.2f}")
     print(f"speedup_vs_batched_generate={harness.quartiles(vs_batched)[2]:.2f}")
     print(f"speedup_vs_sorted_batched_generate={harness.quartiles(vs_sorted)[2]:.2f}")
 

@@ -33,7 +33,7 @@ HELPERS = {"harness.py", "grpo_step.py", "scale_sides.py"}  # used by the script
 # GPU figure when CUDA is visible (the Triton side runs only there)
 FIGURES = {
     "advantages.py": "triton_vs_floor" if _cuda_visible() else "reference_vs_loop",
-    "async_speedup.py": "async2_vs_best_sync",
+    "async_speedup.py": "async_vs_best_sync_reasoning",
     "deterministic_server.py": "deterministic_throughput_ratio",
     "lockstep_schedule.py": "lockstep_vs_interruptible",
     "lora_memory.py": "lora_memory_ratio",
@@ -41,6 +41,7 @@ FIGURES = {
     "scale.py": "weight_sync_vs_floor",
     "server_throughput.py": "speedup_vs_sorted_batched_generate",
     "soak.py": "rss_mb_per_1k_requests",
+    "time_to_accuracy.py": "async_vs_sync_time_to_accuracy_reasoning",
     "train_packing.py": "packed_speedup_vs_bucketed",
     "variants.py": "variants_learning",
     "vs_trl.py": "arealite_vs_trl_equal_cores",
@@ -53,6 +54,7 @@ TAKES_MODEL_PATH = {
     "scale.py",
     "server_throughput.py",
     "soak.py",
+    "time_to_accuracy.py",
     "train_packing.py",
     "variants.py",
     "vs_trl.py",
@@ -70,11 +72,19 @@ def test_every_script_has_a_documented_figure() -> None:
     assert not undocumented, f"figures {undocumented} are not in benchmarks/README.md"
 
 
-# With the heavy tests (CI time): variants.py's smoke run is a whole launcher run, scale.py's six
+# With the heavy tests (CI time): variants.py's smoke run is a whole launcher run (time_to_accuracy.py's
+# two), scale.py's six
 # processes across simulated hosts; lora_memory.py, deterministic_server.py and
 # lockstep_schedule.py took 60-75 s each under xdist, and what they run is tested on its own
 # (tests/train/test_lora*.py, tests/server/test_deterministic.py, tests/e2e/test_reproducible.py).
-HEAVY = {"variants.py", "scale.py", "lora_memory.py", "deterministic_server.py", "lockstep_schedule.py"}
+HEAVY = {
+    "variants.py",
+    "time_to_accuracy.py",
+    "scale.py",
+    "lora_memory.py",
+    "deterministic_server.py",
+    "lockstep_schedule.py",
+}
 
 
 @pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.heavy) if s in HEAVY else s for s in SCRIPTS])
