@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -37,10 +36,14 @@ def quartiles(xs: Sequence[float]) -> tuple[float, float, float, float, float]:
     if not xs:
         raise ValueError("no values to summarise")
     xs = sorted(xs)
-    if len(xs) == 1:
-        return (xs[0],) * 5
-    p25, med, p75 = statistics.quantiles(xs, n=4, method="inclusive")
-    return xs[0], p25, med, p75, xs[-1]
+
+    def at(q: float) -> float:  # linear between order statistics; an exact hit never touches a neighbour (inf)
+        pos = q * (len(xs) - 1)
+        lo = int(pos)
+        frac = pos - lo
+        return xs[lo] if frac == 0 else xs[lo] + (xs[lo + 1] - xs[lo]) * frac
+
+    return xs[0], at(0.25), at(0.5), at(0.75), xs[-1]
 
 
 def spread(xs: Sequence[float], fmt: str = ".2f") -> str:

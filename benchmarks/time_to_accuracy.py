@@ -18,7 +18,8 @@ the end of the step that uploaded the first version that reaches it.
 Both jobs use one built-in server and one trainer on the same CPUs (all of ours). Prints
 each run's evaluated curve and time, the spread of each job's times and of the paired ratios,
 and last `async_vs_sync_time_to_accuracy_reasoning=<median over repeats of sync time / async
-time>` (above 1: the asynchronous job gets there sooner).
+time>` (above 1: the asynchronous job gets there sooner). A run that never reaches the target
+counts as infinitely slow (its ratio 0 or inf); a pair where neither does is left out.
 """
 
 from __future__ import annotations
@@ -171,9 +172,16 @@ def main() -> None:
         held_out.close()
         shutil.rmtree(out, ignore_errors=True)
     for job, ts in times.items():
-        print(f"{job:<5} seconds to {args.target}: {harness.spread(ts, '.1f')}")
-    ratios = [s / a for s, a in zip(times["sync"], times["async"])]
-    print(f"sync / async time to {args.target} (paired): {harness.spread(ratios)}")
+        missed = sum(math.isinf(t) for t in ts)
+        shown = harness.spread(ts, ".1f")
+        print(f"{job:<5} seconds to {args.target}: {shown}; not reached in {missed} of {len(ts)} runs")
+    # a run that never reached the target counts as infinitely slow; a pair where neither did says nothing
+    pairs = [(s, a) for s, a in zip(times["sync"], times["async"]) if not (math.isinf(s) and math.isinf(a))]
+    if not pairs:
+        raise SystemExit(f"neither job reached {args.target} in any repeat: lower --target")
+    ratios = [s / a for s, a in pairs]
+    n = f"{len(pairs)} of {len(times['sync'])} pairs"
+    print(f"sync / async time to {args.target} (paired, {n}): {harness.spread(ratios)}")
     print(harness.load_line())
     print(f"async_vs_sync_time_to_accuracy_reasoning={harness.quartiles(ratios)[2]:.2f}")
 
