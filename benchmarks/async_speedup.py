@@ -76,6 +76,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import grpo_step
 import harness
+import time_to_accuracy
 
 # CPU layouts: (server torch threads, trainer torch threads, server pinned to the first CPU
 # and the trainer to the others)
@@ -87,7 +88,6 @@ WORKLOADS = {
     ),
     "arithmetic": dict(steps=48, repeats=5, group_size=4, max_new_tokens=192, records_fn="", reward_fn=""),
 }  # fmt: skip
-REASONING_JOB = "configs/tiny_cpu_reasoning.yaml"  # whose warm-started model the reasoning workload trains
 
 LAYOUTS = {
     "split-1+1": (1, 1, True),
@@ -219,21 +219,25 @@ def main() -> None:
     for layout in args.async_layouts:
         configs[f"async k={k} {layout}"] = dict(k=k, batch_size=args.batch_size, steps=args.steps, layout=layout)
     if args.workload == "reasoning" and args.model_path is None:
-        args.model_path = harness.build_warm_start(REASONING_JOB)
+        args.model_path = harness.build_warm_start(time_to_accuracy.JOBS["sync"])  # the reasoning job's model
     runs = run_configs(args, cpus, configs, layouts)
-    tta = time_to_accuracy(args) if args.workload == "reasoning" and args.tta_repeats > 0 else None
+    tta = run_time_to_accuracy(args) if args.workload == "reasoning" and args.tta_repeats > 0 else None
     summarize(args, runs, configs, tta)
 
 
-def time_to_accuracy(args: argparse.Namespace) -> str:
-    """Runs time_to_accuracy.py (its output echoed); returns its last line."""
+def run_time_to_accuracy(args: argparse.Namespace) -> str:
+    """Runs time_to_accuracy.py, its output passed through as it comes; returns its last line."""
     print(f"\ntime to accuracy: benchmarks/time_to_accuracy.py --repeats {args.tta_repeats}", flush=True)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "time_to_accuracy.py")
-    proc = subprocess.run(
-        [sys.executable, script, "--repeats", str(args.tta_repeats)], stdout=subprocess.PIPE, text=True, check=True
-    )
-    print(proc.stdout, end="", flush=True)
-    return proc.stdout.strip().splitlines()[-1]
+    cmd = [sys.executable, os.path.abspath(time_to_accuracy.__file__), "--repeats", str(args.tta_repeats)]
+    last = ""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            last = line.strip() or last
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return last
 
 
 def run_configs(

@@ -100,13 +100,12 @@ def commit_line() -> str:
 def build_warm_start(config: str) -> str:
     """The actor model of a job's config (a path under the repository), built with the job's
     own `launcher.setup_commands` when absent, before any clock; returns its path."""
-    import yaml
+    from arealite.config import GRPOConfig, load_config
 
-    with open(os.path.join(REPO, config)) as f:
-        spec = yaml.safe_load(f)
-    model = os.path.join(REPO, spec["actor"]["path"])
+    spec = load_config(["--config", os.path.join(REPO, config)], GRPOConfig)
+    model = os.path.join(REPO, spec.actor.path)
     if not os.path.isfile(os.path.join(model, "config.json")):
-        for cmd in spec["launcher"]["setup_commands"]:
+        for cmd in spec.launcher.setup_commands:
             print(f"building {model} with {config}'s setup: {cmd}", flush=True)
             subprocess.run(cmd, shell=True, cwd=REPO, check=True)
     return model

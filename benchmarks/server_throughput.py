@@ -233,9 +233,14 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
         # warm up both sides (allocators, the session's connections) before any clock
         loop.run_until_complete(serve_all(session, server.url, work[: args.concurrency], args.concurrency))
         hf.run(work=work[: args.concurrency], batch=args.concurrency, seed=0)
-        best = calibrate(hf, work, args.sorted_batch_sizes)
-        clients = calibrate_server(lambda c: loop.run_until_complete(serve_all(session, server.url, work, c)),
-                                   args.server_concurrencies)  # fmt: skip
+        best = calibrate(
+            "sorted generate", "batch", lambda b, i: tuple(hf.run(work=work, batch=b, seed=i, sort=True).values()),
+            args.sorted_batch_sizes,
+        )  # fmt: skip
+        clients = calibrate(
+            "server", "clients", lambda c, _i: loop.run_until_complete(serve_all(session, server.url, work, c)),
+            args.server_concurrencies,
+        )  # fmt: skip
         sides = {
             "server": lambda i: loop.run_until_complete(serve_all(session, server.url, work, clients)),
             "sorted": lambda i: tuple(hf.run(work=work, batch=best, seed=i, sort=True).values()),
@@ -254,37 +259,20 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
     report(args, rates, clients)
 
 
-def calibrate(hf: harness.SideProcess, work: list, sizes: list[int]) -> int:
-    """The fastest batch size of the sorted generate baseline: 3 timed runs each on the whole
-    workload (a sample would favour small batches: its batches are fewer and emptier)."""
-    sample = work
+def calibrate(side: str, unit: str, timed: Callable[[int, int], tuple[float, int]], values: list[int]) -> int:
+    """The value of one side's knob (generate's batch size, the server's client count) with the
+    highest median throughput over 3 timed runs each, `timed(value, seed) -> (seconds, tokens)`,
+    on the whole workload (a sample would favour small batches: its batches are fewer and emptier)."""
     medians = {}
-    for size in sizes:
+    for value in values:
         rates = []
         for seed in range(3):
-            seconds, tokens = hf.run(work=sample, batch=size, seed=seed, sort=True).values()
+            seconds, tokens = timed(value, seed)
             rates.append(tokens / seconds)
-        medians[size] = sorted(rates)[1]
-        print(
-            f"calibration, sorted generate, batch {size}: {harness.spread(rates, '.0f')} tok/s ({len(sample)} requests)"
-        )
+        medians[value] = sorted(rates)[1]
+        print(f"calibration, {side}, {unit} {value}: {harness.spread(rates, '.0f')} tok/s")
     best = max(medians, key=medians.get)
-    print(f"sorted generate runs with batch {best}, the fastest")
-    return best
-
-
-def calibrate_server(serve: Callable[[int], tuple[float, int]], concurrencies: list[int]) -> int:
-    """The fastest client count of the server: 3 timed runs each on the whole workload."""
-    medians = {}
-    for c in concurrencies:
-        rates = []
-        for _ in range(3):
-            seconds, tokens = serve(c)
-            rates.append(tokens / seconds)
-        medians[c] = sorted(rates)[1]
-        print(f"calibration, server, {c} clients: {harness.spread(rates, '.0f')} tok/s")
-    best = max(medians, key=medians.get)
-    print(f"server runs with {best} clients, the fastest")
+    print(f"{side} runs with {unit} {best}, the fastest")
     return best
 
 

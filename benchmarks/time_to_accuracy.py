@@ -25,7 +25,6 @@ counts as infinitely slow (its ratio 0 or inf); a pair where neither does is lef
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -67,11 +66,12 @@ def train(job: str, out: str, trial: str, extra: list[str], timeout: float) -> t
     env = {**os.environ, **harness.CPU_ONLY, "PYTHONPATH": harness.REPO}
     with open(os.path.join(out, f"{trial}.log"), "w") as log:
         proc = subprocess.run(cmd, cwd=harness.REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    run_dir = os.path.join(out, "tta", trial)
+    from arealite.stats.jsonl import read_stats
+
     if proc.returncode != 0:
         raise RuntimeError(f"{job} run {trial} exited {proc.returncode}; see {os.path.join(out, trial + '.log')}")
-    with open(os.path.join(run_dir, "stats.jsonl")) as f:
-        return run_dir, [json.loads(line) for line in f if line.strip()]
+    run_dir = os.path.join(out, "tta", trial)
+    return run_dir, read_stats(run_dir)
 
 
 class HeldOut:
@@ -118,8 +118,9 @@ def time_to_target(
     for version in [*range(every, last, every), last]:
         weights = os.path.join(run_dir, "weights", f"v{version}")
         curve.append((version, held_out.pass_at_1(weights, version)))
-        if curve[-1][1] >= target:
-            return seconds_to_version(rows, version), curve
+        reached = first_reaching(curve, target)
+        if reached is not None:
+            return seconds_to_version(rows, reached), curve
     return math.inf, curve
 
 

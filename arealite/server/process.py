@@ -4,12 +4,12 @@
         requests.post(f"http://{server.address}/generate", json=...)
 
 The server binds a free loopback port, its output goes to a log file (`server.log_path`),
-and `launch_server_process` returns once `/health` answers 200. A log file it chose itself
-(no `log_path` given: a temporary file) is removed when `stop()` stops a running server, and
-kept when the server had died on its own or failed to start (the error names it). Leaving the `with` block
+and `launch_server_process` returns once `/health` answers 200. Leaving the `with` block
 stops the server, also on an error; a server never stopped is stopped when this Python
 process exits (a notebook kernel shutting down or restarting), and stops itself within a
-second when this process dies without stopping it (SIGKILL included).
+second when this process dies without stopping it (SIGKILL included). A log file it chose
+itself (no `log_path`: a temporary file) is removed when `stop()` stops a running server,
+and kept when the server had died on its own or failed to start (the error names it).
 """
 
 from __future__ import annotations
