@@ -55,7 +55,7 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
 
 def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
     # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA
-    # (in bf16/fp16 only); elsewhere our varlen sdpa attends length buckets (transformers' own sdpa
+    # (in bf16/fp16 only); elsewhere our varlen sdpa attends segments of the row (transformers' own sdpa
     # path would build a dense N x N block-diagonal mask: quadratic in the micro-batch's tokens).
     if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         try:
@@ -220,6 +220,8 @@ class FSDPEngine:
         n = int(world.all_reduce(torch.tensor(len(groups)), "max"))
         if n > len(groups):
             groups = split_by_token_budget(lens, spec.max_tokens_per_mb, n)
+        # longest first within a row: the varlen sdpa's short sequences sit together and share calls
+        groups = [sorted(g, key=lambda i: (-lens[i], i)) for g in groups]
         out: list[tuple[Batch, list[int] | None]] = [(pack(select(batch, g)), g) for g in groups]
         while len(out) < n:  # fewer sequences here than micro-batches elsewhere
             filler = pack(select(batch, [0]))
@@ -249,7 +251,8 @@ class FSDPEngine:
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> dict[str, float]:
         """One optimizer step on this rank's padded `batch`; collective. Returns reduced stats:
         loss_fn's (weighted by loss weight), grad_norm, lr, loss_weight, update_skipped, and
-        padding_share (of the attention rows computed, over ranks: filler micro-batches count whole)."""
+        masked_share (of the attention scores computed, the share masked out; over ranks, filler
+        micro-batches count whole)."""
         if self.optimizer is None:
             raise RuntimeError("this engine has no optimizer (config.optimizer is None): it is frozen")
         self.optimizer.zero_grad(set_to_none=True)
@@ -302,19 +305,21 @@ class FSDPEngine:
             (loss * scale).backward()
             if rows is not None:
                 acc.add({"loss": loss.detach(), **stats}, weights[i])
-            acc.scalar("padding_share", *self._padding(mb, filler=rows is None))
+            acc.scalar("masked_share", *self._masked(mb, filler=rows is None))
         return acc, total
 
-    def _padding(self, mb: Batch, filler: bool) -> tuple[float, float]:
-        """(padding share, rows) of a packed micro-batch's attention: a filler is all padding;
-        flash-attn pads nothing; the varlen sdpa pads within its length buckets."""
+    def _masked(self, mb: Batch, filler: bool) -> tuple[float, float]:
+        """(masked share, scores computed) of a packed micro-batch's attention: a filler is all
+        waste; flash-attn computes only the causal scores of each sequence; the varlen sdpa
+        also computes the masked pairs of the short sequences that share a call."""
         lens = (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
+        useful = float(sum(n * (n + 1) // 2 for n in lens))
         if filler:
-            return 1.0, float(sum(lens))
+            return 1.0, useful
         if self.hf_config._attn_implementation != varlen_attention.NAME:
-            return 0.0, float(sum(lens))
-        share = varlen_attention.padding_share(lens)
-        return share, sum(lens) / (1.0 - share)
+            return 0.0, useful
+        share = varlen_attention.masked_share(lens)
+        return share, useful / (1.0 - share)
 
     def _clip_gradients(self) -> float:
         max_norm = self.config.optimizer.gradient_clipping

@@ -76,9 +76,12 @@ def test_token_budget_splits_and_trains(tiny_model_dir):
     mask = batch["loss_mask"].bool()
     assert stats["update_skipped"] == 0 and math.isfinite(stats["grad_norm"])
     assert after[mask].mean() > before[mask].mean()  # maximizing likelihood raised it
-    # the step's padding share: the attention rows the length buckets of every micro-batch padded
-    rows = [sum(len(b.lengths) * b.width for b in plan(_lens(mb))) for mb, _ in mbs]
-    assert close(stats["padding_share"], 1 - 33 / sum(rows), torch.float64) and sum(rows) > 33
+    # the step's masked share: of the attention scores the varlen sdpa computed, those masked out
+    useful = sum(n * (n + 1) // 2 for n in (12, 5, 9, 7))
+    computed = sum(s.width * (s.width + 1) // 2 if len(s.lengths) == 1 else s.width**2 for mb, _ in mbs
+                   for s in plan(_lens(mb)))  # fmt: skip
+    assert close(stats["masked_share"], 1 - useful / computed, torch.float64) and computed > useful
+    assert all(_lens(mb) == sorted(_lens(mb), reverse=True) for mb, _ in mbs)  # longest first in a row
 
 
 def _lens(mb) -> list[int]:

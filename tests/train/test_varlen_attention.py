@@ -1,10 +1,10 @@
-"""The trainer's packed attention (varlen sdpa) against each sequence run alone, and its length buckets."""
+"""The trainer's packed attention (varlen sdpa) against each sequence run alone, and its segments."""
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from arealite.train.varlen_attention import padding_share, plan, register, varlen_sdpa_forward
+from arealite.train.varlen_attention import _MAX_SEGMENT, masked_share, plan, register, varlen_sdpa_forward
 from tests.tolerance import assert_close
 
 HIDDEN = 64  # the tiny model's hidden size: the longest dot product behind a logit
@@ -31,6 +31,7 @@ def models(tiny_model_dir):
 
 def test_packed_logits_and_grads_equal_each_sequence_alone(models):
     alone, packed = models
+    assert {len(s.lengths) > 1 for s in plan(LENS)} == {False, True}  # sequences alone and sharing a masked call
     ids, pos, cu = _packed(LENS)
     out = packed(input_ids=ids, position_ids=pos, use_cache=False, cu_seq_lens_q=cu, cu_seq_lens_k=cu).logits[0]
     refs, off = [], 0
@@ -107,22 +108,40 @@ def test_cu_seqlens_that_do_not_cover_the_row_are_rejected():
         varlen_sdpa_forward(torch.nn.Module(), q, k, v, None, cu_seq_lens_q=torch.tensor([0, 3, 8]))
 
 
-def test_buckets_group_similar_lengths_and_leave_long_ones_alone():
-    """A long row never pads the short ones: the cost is about sum(L_i^2), not S * L_max^2."""
-    buckets = plan([40, 512, 36, 500, 10, 64, 0])
-    assert [(b.lengths, b.width) for b in buckets] == [((512,), 512), ((500,), 500), ((64,), 64), ((40, 36, 10), 40)]
-    assert [b.starts for b in buckets] == [(40,), (588,), (1098,), (0, 552, 1088)]
-    assert padding_share([512, 500]) == 0.0
-    assert padding_share([40, 36, 10]) == 1 - 86 / 120
+def test_segments_leave_long_sequences_alone_and_let_short_runs_share_a_call():
+    """Cuts in packed order: a long sequence never shares a call (its cost stays ~L^2 / 2),
+    adjacent short ones do, and the segments tile the row."""
+    lens = [512, 500, 100, 12, 10, 0, 9, 8]
+    segments = plan(lens)
+    assert [s.lengths for s in segments] == [(512,), (500,), (100,), (12, 10, 0, 9, 8)]
+    assert [s.start for s in segments] == [0, 512, 1012, 1112]
+    assert masked_share([512, 500]) == 0.0
+    computed = 512 * 513 // 2 + 500 * 501 // 2 + 100 * 101 // 2 + 39 * 39
+    useful = sum(n * (n + 1) // 2 for n in lens)
+    assert masked_share(lens) == 1 - useful / computed
 
 
-def test_buckets_of_many_sequences_match_the_dense_mask():
-    """Several multi-sequence buckets, out of packed order, put back in order (max |diff| bounded)."""
+def test_segments_tile_the_row_and_bound_a_masked_call():
+    g = torch.Generator().manual_seed(5)
+    lens = torch.randint(0, 12, (600,), generator=g).tolist() + [700, 3]
+    segments = plan(lens)
+    assert [s.start for s in segments] == [sum(s.width for s in segments[:i]) for i in range(len(segments))]
+    assert [n for s in segments for n in s.lengths if n] == [n for n in lens if n]
+    assert all(s.width <= _MAX_SEGMENT or len([n for n in s.lengths if n]) == 1 for s in segments)
+    assert max(len(s.lengths) for s in segments) > 1 and (700,) in {s.lengths for s in segments}
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("longest_first", [False, True])
+def test_many_short_and_long_sequences_match_the_dense_mask(window, longest_first):
+    """Masked and causal segments side by side, in either row order (max |diff| bounded)."""
     g = torch.Generator().manual_seed(3)
-    lens = torch.randint(1, 48, (24,), generator=g).tolist() + [130, 7]
-    assert sum(len(b.lengths) > 1 for b in plan(lens)) >= 2
+    lens = torch.randint(1, 48, (24,), generator=g).tolist() + [130, 7, 0, 2]
+    if longest_first:
+        lens.sort(reverse=True)
+    assert sum(len(s.lengths) > 1 for s in plan(lens)) >= 2 and sum(len(s.lengths) == 1 for s in plan(lens)) >= 1
     module = torch.nn.Module().eval()
     q, k, v = _qkv(sum(lens))
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
-    out, _ = varlen_sdpa_forward(module, q, k, v, None, cu_seq_lens_q=cu)
-    assert_close(out, _dense_reference(q, k, v, lens), n=max(lens))
+    out, _ = varlen_sdpa_forward(module, q, k, v, None, sliding_window=window, cu_seq_lens_q=cu)
+    assert_close(out, _dense_reference(q, k, v, lens, window), n=max(lens))
