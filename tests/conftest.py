@@ -56,6 +56,7 @@ def _starts_a_cluster(item: pytest.Item) -> bool:
     return path.startswith(CLUSTER_TESTS) or kind in ("ray", "slurm")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook, which reads xdist_group to schedule the group
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (the GPU self-check: python -m pytest -m cuda -q)")
     for item in items:
