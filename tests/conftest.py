@@ -5,10 +5,11 @@ any kernel module is imported); with CUDA they are compiled and tested on CUDA t
 Tests marked `@pytest.mark.cuda` (the GPU self-check, `python -m pytest -m cuda -q`) are
 skipped with a reason where CUDA is absent.
 
-The README's command runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`).
+The README's command runs the suite on three pytest-xdist workers (`-n 3 --dist loadgroup`).
 Tests that start a cluster (Ray, Slurm's one node, the namespaced hosts on their fixed
 private subnet) share one machine-wide resource, so they join one xdist group and run one
-after another on one worker.
+after another on one worker, which mostly waits on those processes; the other two workers
+keep a 2-core machine's cores busy.
 """
 
 import os
@@ -55,6 +56,7 @@ def _starts_a_cluster(item: pytest.Item) -> bool:
     return path.startswith(CLUSTER_TESTS) or kind in ("ray", "slurm")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook, which reads xdist_group to schedule the group
 def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs a CUDA GPU (the GPU self-check: python -m pytest -m cuda -q)")
     for item in items:

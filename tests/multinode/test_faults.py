@@ -23,7 +23,7 @@ from arealite.rollout.health import MISSES_TO_LEAVE
 from arealite.rollout.weight_update import _SERVER_GRACE_S
 from tests.multinode.netns import Host
 
-pytestmark = [pytest.mark.multinode, pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 30000  # each host has a network of its own: nothing else listens there

@@ -16,7 +16,7 @@ from tests.multinode.cluster import RayCluster
 from tests.multinode.netns import Network
 
 pytest.importorskip("ray", reason="the Ray launcher needs the 'ray' extra: pip install -e .[ray]")
-pytestmark = [pytest.mark.multinode, pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 12

@@ -15,7 +15,7 @@ from tests.multinode.cluster import SlurmCluster
 from tests.multinode.netns import Network
 from tests.multinode.test_ray import LEARN, MARGIN, REPO, STEPS, WINDOW
 
-pytestmark = [pytest.mark.multinode, pytest.mark.heavy, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.multinode, pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 @pytest.fixture(scope="module")
