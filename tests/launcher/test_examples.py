@@ -36,7 +36,9 @@ def _require(kind: str) -> None:
             pytest.fail(f"slurmctld is not answering ({ping.stdout.strip()}); run .ci/slurm_setup.sh as root")
 
 
-@pytest.mark.parametrize("kind", ["ray", "slurm"])
+# The Slurm case runs in `-m heavy` only: tests/multinode/test_slurm.py runs the same example
+# through the same launcher on two Slurm nodes in the default command, and checks more.
+@pytest.mark.parametrize("kind", ["ray", pytest.param("slurm", marks=pytest.mark.heavy)])
 def test_example_runs_two_steps(kind, tmp_path, tiny_model_dir):
     _require(kind)
     overrides = [
