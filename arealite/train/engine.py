@@ -313,13 +313,11 @@ class FSDPEngine:
         waste; flash-attn computes only the causal scores of each sequence; the varlen sdpa
         also computes the masked pairs of the short sequences that share a call."""
         lens = (mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).tolist()
-        useful = float(sum(n * (n + 1) // 2 for n in lens))
-        if filler:
-            return 1.0, useful
-        if self.hf_config._attn_implementation != varlen_attention.NAME:
-            return 0.0, useful
-        share = varlen_attention.masked_share(lens)
-        return share, useful / (1.0 - share)
+        if filler or self.hf_config._attn_implementation != varlen_attention.NAME:
+            causal = float(sum(n * (n + 1) // 2 for n in lens))
+            return float(filler), causal
+        needed, computed = varlen_attention.scores(lens)
+        return 1.0 - needed / computed, float(computed)
 
     def _clip_gradients(self) -> float:
         max_norm = self.config.optimizer.gradient_clipping

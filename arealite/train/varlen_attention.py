@@ -4,9 +4,9 @@ The packed row is cut into segments of consecutive sequences (`plan`); each segm
 `scaled_dot_product_attention` on a view of the row, with no copy of q, k or v: a segment of
 one sequence is plain causal attention, a segment of several gets a block-diagonal causal
 mask. The outputs are already in packed order. A cost model chooses the cuts: long sequences
-run alone, runs of short ones share a call. Registered with transformers
-under `NAME`; the model must be called with `cu_seq_lens_q` (int32 [S + 1]), without which the
-row is one causal sequence.
+run alone, runs of short ones share a call. Registered with transformers under `NAME`; the
+model must be called with `cu_seq_lens_q` (int32 [S + 1]), without which the row is one
+causal sequence.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ class Segment:
     @property
     def width(self) -> int:
         return sum(self.lengths)
+
+    @property
+    def sequences(self) -> tuple[int, ...]:
+        """The lengths of its non-empty sequences (one: a causal call without a mask)."""
+        return tuple(n for n in self.lengths if n)
 
 
 def _segment_cost(width: int, real: int) -> float:
@@ -77,15 +82,19 @@ def plan(lengths: list[int]) -> list[Segment]:
     return [Segment(starts[i], tuple(lengths[i:j])) for i, j in reversed(bounds) if starts[j] > starts[i]]
 
 
+def scores(lengths: list[int]) -> tuple[int, int]:
+    """(needed, computed) attention scores of a packed row under `plan(lengths)`: each
+    sequence needs its causal triangle; a masked segment computes its whole W x W square."""
+    needed = sum(n * (n + 1) // 2 for n in lengths)
+    computed = sum(s.width * (s.width + 1) // 2 if len(s.sequences) == 1 else s.width * s.width for s in plan(lengths))
+    return needed, computed
+
+
 def masked_share(lengths: list[int]) -> float:
     """The share of the attention scores computed under `plan(lengths)` that are masked out
     (pairs of two sequences in one segment); 0 when every sequence runs alone."""
-    useful = sum(n * (n + 1) // 2 for n in lengths)
-    computed = sum(
-        s.width * (s.width + 1) // 2 if sum(1 for n in s.lengths if n) == 1 else s.width * s.width
-        for s in plan(lengths)
-    )
-    return 1.0 - useful / computed if computed else 0.0
+    needed, computed = scores(lengths)
+    return 1.0 - needed / computed if computed else 0.0
 
 
 def _block_causal_mask(lengths: tuple[int, ...], window: int | None, device: torch.device) -> torch.Tensor:
@@ -113,11 +122,10 @@ def _layout(cu_seqlens: torch.Tensor, n_tokens: int, window: int | None) -> _Lay
     segments = plan([b - a for a, b in zip(cu[:-1], cu[1:])])
     masks = []
     for s in segments:
-        real = tuple(n for n in s.lengths if n)
-        if len(real) == 1 and window is None:
+        if len(s.sequences) == 1 and window is None:
             masks.append(None)
         else:
-            masks.append(_block_causal_mask(real, window, cu_seqlens.device))
+            masks.append(_block_causal_mask(s.sequences, window, cu_seqlens.device))
     return _Layout(segments, masks)
 
 
