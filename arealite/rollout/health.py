@@ -35,8 +35,9 @@ MISSES_TO_LEAVE = 3  # consecutive failed probes before a server in rotation is 
 class HealthMonitor:
     """Probes the servers and moves them in and out of the ServerPool.
 
-    `resync(address) -> bool` gives a server that answers again the weights it missed (the
-    weight updater's); False means it must wait for the next weight sync.
+    `rejoin(address) -> bool` gives a server that answers again the weights it missed and
+    puts it back into rotation (the weight updater's, which orders it with weight updates);
+    False means not yet.
     """
 
     def __init__(
@@ -45,13 +46,13 @@ class HealthMonitor:
         pool: ServerPool,
         gate: VersionGate,
         config: InferenceEngineConfig,
-        resync: Callable[[str], Awaitable[bool]],
+        rejoin: Callable[[str], Awaitable[bool]],
     ) -> None:
         self._transport = transport
         self._pool = pool
         self._gate = gate
         self._config = config
-        self._resync = resync
+        self._rejoin = rejoin
         self._misses: dict[str, int] = {}
         self._task: asyncio.Task | None = None
 
@@ -126,12 +127,9 @@ class HealthMonitor:
         if not await self.probe(address):
             return
         try:
-            ready = await self._resync(address)
+            await self._rejoin(address)
         except RolloutError as e:
             logger.warning("server %s is back but could not be given current weights: %s", address, e)
-            return
-        if ready:
-            await self.bring_back(address)
 
     async def bring_back(self, address: str) -> None:
         """Put `address`, which holds the current weights, back into rotation."""

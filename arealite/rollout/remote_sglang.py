@@ -66,7 +66,7 @@ class RemoteSGLangEngine:
         self._loop = EventLoopThread()
         self.transport = transport or Transport()
         self.gate = VersionGate()
-        self.health = HealthMonitor(self.transport, self.pool, self.gate, config, resync=self._resync)
+        self.health = HealthMonitor(self.transport, self.pool, self.gate, config, rejoin=self._rejoin)
         self.weights = WeightUpdater(self.transport, self.pool, config, self.health)
         diagnose = Diagnosis(self.transport, self.pool, self.gate, config, self.weights.awaiting)
         self.executor = WorkflowExecutor(config, self.gate, self._loop, self, diagnose)
@@ -76,8 +76,8 @@ class RemoteSGLangEngine:
             self.transport, self.pool, self.gate, config, self.health.probe, self.executor.watchdog.progress
         )
 
-    async def _resync(self, address: str) -> bool:
-        return await self.weights.aresync(address)
+    async def _rejoin(self, address: str) -> bool:
+        return await self.weights.arejoin(address)
 
     @property
     def stats(self) -> dict[str, int]:

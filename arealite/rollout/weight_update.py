@@ -53,6 +53,7 @@ class WeightUpdater:
         self.members: list[str] = []  # its servers, rank 1 + i
         self.awaiting: set[str] = set()  # back after a broadcast they missed; in the next group
         self._pending: set[asyncio.Future] = set()  # fire-and-forget destroy calls
+        self._updating = asyncio.Lock()  # an update in flight, or a rejoin; never both (arejoin)
 
     async def _post(
         self, address: str, path: str, body: dict[str, Any], timeout: float | None = None, setting: str = ""
@@ -115,6 +116,10 @@ class WeightUpdater:
         return body
 
     async def aupdate(self, meta: WeightUpdateMeta) -> None:
+        async with self._updating:
+            await self._update(meta)
+
+    async def _update(self, meta: WeightUpdateMeta) -> None:
         if meta.type == "disk":
             if not meta.path:
                 raise WeightUpdateError("WeightUpdateMeta(type='disk') needs path= the folder holding the new weights")
@@ -300,6 +305,19 @@ class WeightUpdater:
                 f"after the weight sync to version {version}, servers report other versions: {wrong}"
             )
         return seen
+
+    async def arejoin(self, address: str) -> bool:
+        """Give `address` the weights it missed and put it back into rotation, as one step that
+        no weight update interleaves with: a server resynced to the weights an update in flight
+        replaces, then brought back, would fail that update's version check. False: not now (an
+        update is under way: the next probe retries; or its weights need the next broadcast)."""
+        if self._updating.locked():
+            return False
+        async with self._updating:
+            if not await self.aresync(address):
+                return False
+            await self._health.bring_back(address)
+            return True
 
     async def aresync(self, address: str) -> bool:
         """Give a server that rejoins the rotation the newest weights it missed; False when it

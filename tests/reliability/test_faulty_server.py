@@ -92,8 +92,8 @@ def test_server_that_goes_silent_mid_run_leaves_rotation(faulty_server, tokenize
 
 @pytest.mark.parametrize("faulty_server", [("never", "ok")], indirect=True)
 def test_pause_that_never_answers_is_bounded_and_named(faulty_server, caplog):
-    """/pause_generation hangs: pause() returns after rollout.control_timeout, the server out
-    of rotation with a reason that names the setting."""
+    """/pause_generation hangs: pause() returns after rollout.control_timeout, the server taken
+    out of rotation with a reason that names the setting."""
     faulty_server.pause = "never"
     engine = RemoteSGLangEngine(InferenceEngineConfig(**FAST_FAILING, control_timeout=1.0), [faulty_server.address])
     engine.initialize()
@@ -102,7 +102,8 @@ def test_pause_that_never_answers_is_bounded_and_named(faulty_server, caplog):
         with caplog.at_level("WARNING", logger="arealite.rollout.health"):
             engine.pause()
         assert time.monotonic() - start < 10
-        assert engine.pool.down == [faulty_server.address]
+        # taken out once; its /health answers, so the next probe round may already have let it back
+        assert engine.stats["failovers"] == 1, engine.stats
     finally:
         engine.destroy()
     assert "timed out after 1.0s; raise rollout.control_timeout" in caplog.text and faulty_server.address in caplog.text

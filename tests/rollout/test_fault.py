@@ -155,3 +155,37 @@ def test_hung_server_is_detected_by_probes_and_rejoins(tiny_model_dir, tmp_path)
         engine.destroy()
         for s in servers:
             s.stop()
+
+
+def test_a_server_never_rejoins_in_the_middle_of_a_weight_update(tiny_model_dir, tmp_path):
+    """A server coming back while a disk update is in flight must not be resynced to the
+    weights that update replaces and brought back behind its back (the update's version check
+    would then fail): its rejoin waits for the next probe, and gets the new weights."""
+    servers = start_servers(tiny_model_dir, tmp_path, 2)
+    back = servers[1].address
+    config = InferenceEngineConfig(setup_timeout=60, request_timeout=60, health_check_interval=3600)
+    engine = RemoteSGLangEngine(config, [s.address for s in servers])  # no probe rounds: the test drives the rejoin
+    try:
+        engine.initialize()
+        engine.update_weights(WeightUpdateMeta(type="disk", path=tiny_model_dir, version=1)).result(timeout=60)
+        assert set(engine.confirm_version(1).values()) == {"1"}
+        engine.pool.take_out(back, "the test cut it off")
+
+        async def rejoin_during_and_after_an_update() -> tuple[bool, list[str], bool]:
+            update = asyncio.ensure_future(
+                engine.weights.aupdate(WeightUpdateMeta(type="disk", path=tiny_model_dir, version=2))
+            )
+            await asyncio.sleep(0)  # the update has started: its POST is in flight
+            during = await engine.weights.arejoin(back)
+            down_during = engine.pool.down
+            await update
+            return during, down_during, await engine.weights.arejoin(back)
+
+        during, down_during, after = engine.loop.run(rejoin_during_and_after_an_update())
+        assert (during, down_during) == (False, [back])
+        assert after and engine.pool.healthy == [s.address for s in servers]
+        assert engine.confirm_version(2) == {s.address: "2" for s in servers}
+    finally:
+        engine.destroy()
+        for s in servers:
+            s.stop()

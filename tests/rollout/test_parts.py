@@ -24,7 +24,7 @@ A, B = "127.0.0.1:1", "127.0.0.1:2"
 def _parts(replies=None, **config):
     config = InferenceEngineConfig(**config)
     transport, pool, gate = FakeTransport(replies), ServerPool([A, B]), VersionGate()
-    health = HealthMonitor(transport, pool, gate, config, resync=None)
+    health = HealthMonitor(transport, pool, gate, config, rejoin=None)
     return transport, pool, gate, health, WeightUpdater(transport, pool, config, health), config
 
 
