@@ -36,9 +36,10 @@ def _require(kind: str) -> None:
             pytest.fail(f"slurmctld is not answering ({ping.stdout.strip()}); run .ci/slurm_setup.sh as root")
 
 
-# The Slurm case runs in `-m heavy` only: tests/multinode/test_slurm.py runs the same example
-# through the same launcher on two Slurm nodes in the default command, and checks more.
-@pytest.mark.parametrize("kind", ["ray", pytest.param("slurm", marks=pytest.mark.heavy)])
+# Both run in `-m heavy` only: tests/multinode/test_{ray,slurm}.py run the same example through
+# the same launchers on a three-host Ray cluster and two Slurm nodes in the default command, and
+# check more (learning, no process left behind, a lost host).
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.heavy) for k in ("ray", "slurm")])
 def test_example_runs_two_steps(kind, tmp_path, tiny_model_dir):
     _require(kind)
     overrides = [
