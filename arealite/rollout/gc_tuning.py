@@ -25,15 +25,17 @@ _ours: tuple[int, int, int] | None = None  # what the first holder set
 
 def hold(full_threshold: int) -> bool:
     """Raise CPython's third GC threshold to at least `full_threshold` (0: leave it); True if
-    this call holds the tuning and must `release()` it."""
+    this call holds the tuning and must `release()` it. Every hold re-checks the threshold, so
+    a change made while another client held it is raised again."""
     global _holders, _saved, _ours
     if full_threshold <= 0:
         return False
     with _lock:
+        current = gc.get_threshold()
         if _holders == 0:
-            _saved = gc.get_threshold()
-            first, second, third = _saved
-            _ours = (first, second, max(third, full_threshold))
+            _saved = _ours = current
+        if current[2] < full_threshold:
+            _ours = (current[0], current[1], full_threshold)
             gc.set_threshold(*_ours)
         _holders += 1
     return True

@@ -12,9 +12,12 @@ from arealite.rollout import RemoteSGLangEngine, gc_tuning
 
 
 @pytest.fixture
-def thresholds():
-    """Python's defaults for the test; whatever the process had, back afterwards."""
+def thresholds(monkeypatch):
+    """Python's defaults and no holder for the test (a client another test left alive in this
+    process must not count); the process's thresholds and holders back afterwards."""
     before = gc.get_threshold()
+    for name, value in (("_holders", 0), ("_saved", None), ("_ours", None)):
+        monkeypatch.setattr(gc_tuning, name, value)
     gc.set_threshold(700, 10, 10)
     yield
     gc.set_threshold(*before)
@@ -48,6 +51,16 @@ def test_a_change_made_while_held_is_not_undone(thresholds):
     gc.set_threshold(2000, 20, 20)  # someone else tunes the GC meanwhile
     gc_tuning.release()
     assert gc.get_threshold() == (2000, 20, 20)
+
+
+def test_a_new_client_raises_it_again_after_a_change(thresholds):
+    assert gc_tuning.hold(1000)
+    gc.set_threshold(700, 10, 10)  # lowered behind the first client's back
+    assert gc_tuning.hold(1000)
+    assert gc.get_threshold() == (700, 10, 1000)
+    gc_tuning.release()
+    gc_tuning.release()
+    assert gc.get_threshold() == (700, 10, 10)
 
 
 def test_the_client_holds_it_from_initialize_to_destroy(thresholds, two_servers):
