@@ -8,7 +8,7 @@ collections come often and each scans them all, beside the trainer's own heap: t
 about a third of the client's CPU at 256 requests in flight and half at 4,096
 (benchmarks/README.md, `scale.py` (c)). Raising `threshold2` makes them rarer; cycles that
 reach the oldest generation are freed later, nothing else changes. Process-wide, so it is
-reference-counted over the clients alive in the process: the first raises the threshold
+reference-counted over the clients alive in the process: each raises the threshold if lower
 (never lowers it), the last restores it unless someone else changed it meanwhile.
 """
 
@@ -20,7 +20,7 @@ import threading
 _lock = threading.Lock()
 _holders = 0
 _saved: tuple[int, int, int] | None = None  # the thresholds before the first holder
-_ours: tuple[int, int, int] | None = None  # what the first holder set
+_ours: tuple[int, int, int] | None = None  # the thresholds as the holders left them
 
 
 def hold(full_threshold: int) -> bool:
