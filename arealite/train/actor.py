@@ -41,7 +41,7 @@ from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
 from arealite.train.engine import FSDPEngine, load_causal_lm
-from arealite.train.logprobs import batch_token_logprobs, packed_token_logprobs
+from arealite.train.logprobs import batch_token_logprobs, packed_logprobs_and_entropy
 from arealite.truncation import Truncation
 
 
@@ -160,7 +160,8 @@ def actor_loss(
     dev = logits.device
     cu = mb["cu_seqlens"].to(dev)
     mask = mb["loss_mask"].to(dev).bool()
-    logp = packed_token_logprobs(logits, mb["input_ids"], cu, temperature, truncation)
+    entropy_grad = config.entropy_coef > 0  # a bonus needs the entropy's gradient; else it is a statistic
+    logp, entropy = packed_logprobs_and_entropy(logits, mb["input_ids"], cu, temperature, truncation, not entropy_grad)
     prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()
     agg = AGGREGATIONS[config.loss_agg_mode].reduce
@@ -178,7 +179,8 @@ def actor_loss(
         kl, kl_stats = kl_loss(logp, mb["ref_logp"].to(dev).float(), mask, cu, KL_ESTIMATORS[config.kl_estimator], agg)
         loss = loss + config.kl_ctl * kl
         stats.update(kl_stats)
-    entropy = _token_entropy(logits, cu, temperature, grad=config.entropy_coef > 0)
+    if entropy_grad:
+        entropy = _token_entropy(logits, cu, temperature)
     ent = agg(entropy, mask, cu)
     if config.entropy_coef > 0:
         loss = loss - config.entropy_coef * ent
@@ -207,17 +209,9 @@ def rollout_correction(config: PPOActorConfig) -> RolloutCorrection | None:
     )  # fmt: skip
 
 
-def _token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float, grad: bool) -> torch.Tensor:
-    """Entropy of the distribution each token was sampled from, token-aligned [N].
-
-    Without a gradient it is computed in row chunks, so a large vocabulary never needs
-    more than one [chunk, V] fp32 softmax at a time.
-    """
-    if grad and torch.is_grad_enabled():
-        ent = entropy_from_logits(logits.float() / temperature)
-    else:
-        with torch.no_grad():
-            ent = torch.cat([entropy_from_logits(c.float() / temperature) for c in logits.detach().split(1024)])
+def _token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy of the distribution each token was sampled from, token-aligned [N], with its gradient."""
+    ent = entropy_from_logits(logits.float() / temperature)
     ent = torch.cat([ent.new_zeros(1), ent[:-1]])
     return ent.index_fill(0, cu_seqlens[:-1].long(), 0.0)
 

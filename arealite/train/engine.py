@@ -244,7 +244,7 @@ class FSDPEngine:
             input_ids=ids, position_ids=pos, use_cache=False,
             cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
         )  # fmt: skip
-        return out.logits[0]
+        return out.logits.squeeze(0)  # its backward allocates nothing; indexing [0] would zero-fill [1, N, V]
 
     # ---- public API ----
 
