@@ -17,7 +17,9 @@ reaches the model:
   sorted by length, cut into micro-batches whose padded size (rows x longest row) fits the
   same token budget, each padded only to its own longest row; right padding with causal sdpa
   and no mask (a real token never sees a pad, so no mask is needed and none is paid for);
-  one backward per micro-batch, each weighted by its share of the batch's loss tokens.
+  one backward per micro-batch, each weighted by its share of the batch's loss tokens; its
+  log-probs come from the packed side's function (each padded row a sequence), so the two
+  sides differ in the layout only, not in the loss kernel.
 
 Lengths: `--lengths` takes `skewed` (default: `--seqs` rows, `--n-long` of `--long-len`
 tokens, the rest `--short-len`/2 to `--short-len`: RL rollouts with a few long answers),
@@ -137,8 +139,10 @@ def bucketed_step(engine: FSDPEngine, batch: dict, groups: list[list[int]]) -> t
         mb = select(batch, rows)  # padded to this micro-batch's longest row
         ids = mb["input_ids"].to(engine.device)
         logits = engine.model(input_ids=ids, use_cache=False).logits  # causal, no mask: pads come last
-        scaled = logits[:, :-1].float()  # [B, T-1, V]; position t predicts token t + 1
-        lp = scaled.gather(-1, ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+        b, t = ids.shape
+        # the packed side's log-prob function on the padded rows laid end to end: each row a sequence
+        rows_cu = torch.arange(0, b * t + 1, t, device=ids.device)
+        lp = packed_token_logprobs(logits.view(b * t, -1), ids.view(-1), rows_cu).view(b, t)[:, 1:]
         mask = mb["loss_mask"][:, 1:].to(lp.device).float()
         loss = (-lp * mask).sum() / total
         loss.backward()
