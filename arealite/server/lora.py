@@ -110,9 +110,9 @@ class AdapterSet:
         try:
             with open(os.path.join(path, "adapter_config.json")) as f:
                 config = json.load(f)
-            from safetensors.torch import load_file
+            from arealite.utils.hf_weights import read_safetensors
 
-            tensors = load_file(os.path.join(path, "adapter_model.safetensors"))
+            tensors = read_safetensors(os.path.join(path, "adapter_model.safetensors"))
         except (OSError, ValueError) as e:
             raise ValueError(f"cannot read the peft adapter at {path!r}: {e}") from e
         rank, alpha = int(config.get("r", 0)), float(config.get("lora_alpha", 0))

@@ -108,12 +108,12 @@ def save_adapter(model: torch.nn.Module, config: LoRAConfig, path: str, base_mod
 
 def read_adapter(path: str) -> dict[str, torch.Tensor]:
     """{peft saved name: tensor} of a peft adapter folder."""
-    from safetensors.torch import load_file
+    from arealite.utils.hf_weights import read_safetensors
 
     file = os.path.join(path, ADAPTER_WEIGHTS)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{path!r} holds no {ADAPTER_WEIGHTS}; is it a peft adapter folder (save_adapter)?")
-    return load_file(file)
+    return read_safetensors(file)
 
 
 def load_adapter(model: torch.nn.Module, path: str) -> None:

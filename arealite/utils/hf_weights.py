@@ -1,4 +1,11 @@
-"""Reading the tensors of an HF model folder's safetensors files (trainer and built-in server)."""
+"""Reading the tensors of an HF model folder's safetensors files (trainer and built-in server).
+
+safetensors 0.8's default (mmap) reader leaves about two Python ints per tensor alive on every
+call, so a server that reads its checkpoint at each disk weight update grows by that much per
+update; its pread reader keeps nothing but copies the file, which on this machine ran at ~1.3
+GB/s against ~9 GB/s for mmap from the page cache. Files up to PREAD_MAX_BYTES (every small
+model) are read with pread; larger ones, where the copy would cost more than the leak, with mmap.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,8 @@ import os
 import torch
 from safetensors.torch import load_file
 
-# safetensors 0.8's default mmap backend leaves two Python ints per tensor alive on every call
-# (a server reading its checkpoint at each weight update grows by that much per update); its
-# pread backend reads the same tensors without. Versions before 0.8 have no `backend`.
-_LOAD_KW = {"backend": "pread"} if "backend" in inspect.signature(load_file).parameters else {}
+PREAD_MAX_BYTES = 256 << 20
+_HAS_BACKEND = "backend" in inspect.signature(load_file).parameters  # safetensors >= 0.8
 
 
 def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
@@ -27,5 +32,11 @@ def read_hf_weights(path: str) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path!r}")
     out: dict[str, torch.Tensor] = {}
     for fname in files:
-        out.update(load_file(os.path.join(path, fname), **_LOAD_KW))
+        out.update(read_safetensors(os.path.join(path, fname)))
     return out
+
+
+def read_safetensors(file: str) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file (pread up to PREAD_MAX_BYTES, else mmap)."""
+    small = _HAS_BACKEND and os.path.getsize(file) <= PREAD_MAX_BYTES
+    return load_file(file, backend="pread") if small else load_file(file)
