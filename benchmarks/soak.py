@@ -11,8 +11,10 @@ server's RSS and the number of requests completed so far are recorded.
 The figure is the least-squares slope of the server's RSS against requests completed, in MB
 per 1,000 requests, over the samples after the warm-up (the first `--warmup-minutes`: the
 first forwards of each shape allocate once), printed with its standard error and with the
-slopes of the first and second half of the samples: a leak of per-request state shows as a
-positive slope well outside its standard error in both halves; flat within noise is the goal.
+slopes of the first and second half of the samples, each with its own: a leak of per-request
+state shows as a positive slope well outside its standard error in both halves; growth that
+levels off (the allocator's heap reaching its working size) shows in the first half only;
+flat within noise is the goal.
 Every request must come back complete; the script exits non-zero if one fails. The CI test
 tests/reliability/test_soak.py is the 20-second version of this with a generous bound.
 Last line: `rss_mb_per_1k_requests=<slope>`.
@@ -134,13 +136,13 @@ def report(a: argparse.Namespace, samples: list, load: Load, version: int, inter
     half = len(kept) // 2
     per_k = [(n / 1000, rss) for _, n, rss in kept]
     b, se = slope(*zip(*per_k)) if len(per_k) >= 3 else (float("nan"), float("nan"))
-    b1, _ = slope(*zip(*per_k[:half])) if half >= 3 else (float("nan"), 0)
-    b2, _ = slope(*zip(*per_k[half:])) if len(per_k) - half >= 3 else (float("nan"), 0)
+    b1, se1 = slope(*zip(*per_k[:half])) if half >= 3 else (float("nan"), float("nan"))
+    b2, se2 = slope(*zip(*per_k[half:])) if len(per_k) - half >= 3 else (float("nan"), float("nan"))
     if kept:
         print(
             f"after the {a.warmup_minutes:g}-min warm-up: RSS {kept[0][2]:.1f} -> {kept[-1][2]:.1f} MB over "
             f"{kept[-1][1] - kept[0][1]} requests; slope {b:+.3f} MB per 1,000 requests (standard error "
-            f"{se:.3f}; first half {b1:+.3f}, second half {b2:+.3f}; {len(kept)} samples)"
+            f"{se:.3f}; first half {b1:+.3f} (se {se1:.3f}), second half {b2:+.3f} (se {se2:.3f}); {len(kept)} samples)"
         )
     print(harness.load_line())
     if load.failed:
