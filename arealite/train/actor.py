@@ -32,7 +32,6 @@ from arealite.algo.losses import (
     LOG_RATIOS,
     OBJECTIVES,
     Objective,
-    entropy_from_logits,
     kl_loss,
     ppo_actor_loss,
 )
@@ -41,7 +40,7 @@ from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
 from arealite.train.engine import FSDPEngine, load_causal_lm
-from arealite.train.logprobs import batch_token_logprobs, packed_logprobs_and_entropy
+from arealite.train.logprobs import batch_token_logprobs, packed_logprobs_and_entropy, packed_token_entropy
 from arealite.truncation import Truncation
 
 
@@ -180,7 +179,7 @@ def actor_loss(
         loss = loss + config.kl_ctl * kl
         stats.update(kl_stats)
     if entropy_grad:
-        entropy = _token_entropy(logits, cu, temperature)
+        entropy = packed_token_entropy(logits, cu, temperature)
     ent = agg(entropy, mask, cu)
     if config.entropy_coef > 0:
         loss = loss - config.entropy_coef * ent
@@ -207,13 +206,6 @@ def rollout_correction(config: PPOActorConfig) -> RolloutCorrection | None:
         decoupled=config.use_decoupled_loss,
         behav_cap=config.behav_imp_weight_cap if config.use_decoupled_loss else None,
     )  # fmt: skip
-
-
-def _token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Entropy of the distribution each token was sampled from, token-aligned [N], with its gradient."""
-    ent = entropy_from_logits(logits.float() / temperature)
-    ent = torch.cat([ent.new_zeros(1), ent[:-1]])
-    return ent.index_fill(0, cu_seqlens[:-1].long(), 0.0)
 
 
 def _mismatch_stats(behav: torch.Tensor, prox: torch.Tensor, mask: torch.Tensor, cu: torch.Tensor) -> dict:

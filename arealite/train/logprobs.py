@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from arealite.algo.losses import entropy_from_logits
 from arealite.truncation import Truncation, truncated_token_logprobs
 
 ENTROPY_CHUNK = 1024  # rows per [chunk, V] fp32 temporary (entropy, gradient): a large vocabulary never needs more
@@ -113,10 +114,18 @@ def packed_logprobs_and_entropy(
         if entropy:
             with torch.no_grad():
                 x = _scaled(logits[:-1].detach(), temperature)
-                ent = torch.cat([_entropy(c, torch.logsumexp(c, dim=-1)) for (c,) in _chunks(x)])
+                ent = torch.cat([entropy_from_logits(c) for (c,) in _chunks(x)])
     else:
         lp, ent = _NextTokenLogprobs.apply(logits, nxt, float(temperature), entropy)
     return _token_aligned(lp, cu_seqlens), (_token_aligned(ent, cu_seqlens) if ent is not None else None)
+
+
+def packed_token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The entropy of `packed_logprobs_and_entropy`, token-aligned [N], WITH its gradient (an
+    entropy bonus); one [N, V] fp32 softmax through autograd."""
+    if logits.shape[0] < 2:
+        return logits.new_zeros(logits.shape[0], dtype=torch.float32)
+    return _token_aligned(entropy_from_logits(_scaled(logits[:-1], temperature)), cu_seqlens)
 
 
 def _entropy(x: torch.Tensor, logz: torch.Tensor) -> torch.Tensor:
