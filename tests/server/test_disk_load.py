@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from arealite.server.model_runner import ModelRunner
 from arealite.server.weights import load_from_disk
+from arealite.utils import hf_weights
 
 
 def _tied_model(src: str, dst: str, seed: int) -> str:
@@ -46,6 +47,9 @@ def test_checkpoint_of_another_architecture_is_refused_and_weights_stay(tiny_mod
     assert all(torch.equal(before[k], v) for k, v in runner.model.state_dict().items())
 
 
+@pytest.mark.skipif(
+    not hf_weights._HAS_BACKEND, reason="this safetensors (< 0.8) has no pread reader to load without a per-call leak"
+)
 def test_repeated_loads_keep_no_python_memory(tiny_model_dir):
     """A server loads its checkpoint at every disk weight update: the Python memory still held
     after a load must not grow with the number of loads (a leak of ~1.5 KB per load of this
