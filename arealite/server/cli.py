@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from arealite.server.limits import RequestLimits
 from arealite.server.lora import AdapterSet
 from arealite.server.model_runner import DTYPES, MODEL_IMPLS, ModelRunner
+from arealite.server.prefill_plan import CPU_OVERHEAD_TOKENS, GPU_OVERHEAD_TOKENS
 from arealite.server.scheduler import Scheduler, SchedulerLimits
 from arealite.server.state import ServerState
 from arealite.utils.parent_watch import parent_from_env, watch_parent
@@ -201,7 +202,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
             "--context-length %d exceeds max_position_embeddings %d", context_len, model_max
         )
     max_total = args.max_total_tokens or args.max_running_requests * context_len
-    limits = SchedulerLimits(args.max_running_requests, max_total, args.max_prefill_tokens)
+    overhead = CPU_OVERHEAD_TOKENS if device == "cpu" else GPU_OVERHEAD_TOKENS  # prefill_plan.py
+    limits = SchedulerLimits(args.max_running_requests, max_total, args.max_prefill_tokens, overhead)
     scheduler = Scheduler(
         runner, tokenizer, eos_token_ids(args.model_path, tokenizer, runner.config), limits, args.weight_version
     )

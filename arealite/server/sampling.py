@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 
 import torch
 
@@ -59,9 +60,19 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
 
+    @cached_property
+    def truncation(self) -> Truncation:
+        """top-k / top-p / min-p as one Truncation (read once: these fields never change after parsing)."""
+        return Truncation(self.top_k, self.top_p, self.min_p)
+
     @property
     def needs_penalties(self) -> bool:
         return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @cached_property
+    def changes_logits(self) -> bool:
+        """Whether penalties, a logit bias or min_new_tokens may change this request's logits."""
+        return self.needs_penalties or bool(self.logit_bias) or self.min_new_tokens > 0
 
     def verify(self, vocab_size: int) -> None:
         """Raise ValueError with SGLang's wording for an out-of-range value."""
@@ -229,7 +240,7 @@ def _sample_truncated(
     order, or None when no row truncates."""
     probs = torch.softmax(scaled, dim=-1)
     vocab = probs.shape[-1]
-    truncations = [Truncation(p.top_k, p.top_p, p.min_p) for p in params]
+    truncations = [p.truncation for p in params]
     if not any(t.cuts(vocab) for t in truncations):
         # Nothing to truncate: skip the O(V log V) sort, which dominates on real vocabularies.
         cdf = probs.cumsum(-1)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from arealite.server.model_runner import ModelRunner
+from arealite.server.prefill_plan import CPU_OVERHEAD_TOKENS, plan_groups
 from arealite.server.request import ABORT_RUNNING, ABORT_WAITING, Req
 from arealite.server.sampling import apply_penalties, sample
 
@@ -67,6 +68,7 @@ class SchedulerLimits:
     max_running_requests: int = 64
     max_total_tokens: int = 1 << 20  # sum of prompt + max_new_tokens over running requests
     max_prefill_tokens: int = 16384  # padded tokens in one prefill forward
+    prefill_group_overhead: float = CPU_OVERHEAD_TOKENS  # a prefill forward's fixed cost, in tokens (prefill_plan.py)
 
 
 class Scheduler:
@@ -213,7 +215,10 @@ class Scheduler:
         return len(req.prompt) + req.max_new_tokens
 
     def _admit(self) -> None:
-        """Move waiting requests into the batch (FIFO) and prefill them together."""
+        """Move waiting requests into the batch (FIFO) and prefill them in length-sorted groups
+        (prefill_plan.py); the batch's rows follow the groups' order."""
+        if not self.waiting:
+            return
         batch: list[Req] = []
         reserved = sum(self._reserved(r) for r in self.running)
         longest = 0
@@ -232,8 +237,12 @@ class Scheduler:
             req.started = True
             req.finish({"type": "length", "length": 0})
         batch = [r for r in batch if r.max_new_tokens > 0]
-        if not batch:
-            return
+        lengths = [len(r.tokens) for r in batch]
+        for group in plan_groups(lengths, self.limits.prefill_group_overhead):
+            self._prefill([batch[i] for i in group])
+
+    def _prefill(self, batch: list[Req]) -> None:
+        """Prefill `batch` in one forward as the batch's next rows; sample their first tokens."""
         want_input = [r for r in batch if r.logprob_start_len >= 0 and not r.started]
         first = len(self.running)
         logits = self.runner.prefill(
@@ -277,6 +286,8 @@ class Scheduler:
         vocab = logits.shape[-1]
         for i, req in enumerate(reqs):
             p = req.params
+            if not p.changes_logits:
+                continue
             if p.needs_penalties:
                 if req.counts is None:
                     dev = logits.device
@@ -304,11 +315,12 @@ class Scheduler:
         tokens, logprobs = out.tokens.tolist(), out.logprobs.tolist()
         tops = (out.top_logprobs.tolist(), out.top_ids.tolist()) if k else None
         finished = set()
+        version = self.weight_version
         for i, req in enumerate(reqs):
             token = tokens[i]
             req.output_ids.append(token)
             req.output_logprobs.append(logprobs[i])
-            req.output_versions.append(self.weight_version)
+            req.output_versions.append(version)
             if req.top_logprobs_num:
                 n = req.top_logprobs_num
                 req.output_top.append(list(zip(tops[0][i][:n], tops[1][i][:n])))
