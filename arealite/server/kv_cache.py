@@ -31,6 +31,7 @@ class KVCache:
         self.lens: list[int] = []  # cached tokens per row (Python: widths need no device sync)
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] the same, on the device
         self._columns = torch.zeros(0, dtype=torch.long, device=self.device)  # arange(columns)
+        self._slots = self._columns  # set by begin_decode for write_decode
 
     @property
     def size(self) -> int:
@@ -100,13 +101,17 @@ class KVCache:
         mask = torch.zeros(hidden.shape, dtype=self.dtype, device=self.device).masked_fill_(
             hidden, torch.finfo(self.dtype).min
         )
+        # each (row, kv head)'s slot for the new token in a layer's keys seen as [-1, head_dim] rows
+        rows_heads = self._columns[: self.size, None] * self.kv_heads + self._columns[None, : self.kv_heads]
+        self._slots = (rows_heads * self.kv.shape[3] + pos[:, None]).flatten()
         return pos, width, mask[:, None, None, :]
 
-    def write_decode(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k/v [B, kv_heads, head_dim]: each row's new token at its column `pos`."""
-        rows = self._columns[: k.shape[0]]
-        self.kv[2 * layer][rows, :, pos] = k  # advanced indices around a slice: [B, kv_heads, head_dim]
-        self.kv[2 * layer + 1][rows, :, pos] = v
+    def write_decode(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k/v [B, kv_heads, head_dim]: each row's new token at its column (the position
+        `begin_decode` returned)."""
+        d = self.head_dim
+        self.kv[2 * layer].view(-1, d).index_copy_(0, self._slots, k.reshape(-1, d))
+        self.kv[2 * layer + 1].view(-1, d).index_copy_(0, self._slots, v.reshape(-1, d))
 
     def end_decode(self) -> None:
         self.lens = [n + 1 for n in self.lens]

@@ -171,7 +171,7 @@ class LeanModel:
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """transformers' apply_rotary_pos_emb on x [..., heads, D] with broadcastable tables."""
-        swapped = x.unflatten(-1, (2, self.head_dim // 2)).flip(-2).flatten(-2)
+        swapped = x.roll(self.head_dim // 2, -1)  # the two halves swapped
         return x * cos + swapped * sin
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -260,7 +260,7 @@ class LeanModel:
 
         def attend(i: int, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             qk = self._rotate(qk, cos, sin)  # [B, H + H_kv, D]
-            cache.write_decode(i, pos, qk[:, self.heads :], v)
+            cache.write_decode(i, qk[:, self.heads :], v)
             # The query heads sharing a kv head become that head's query rows (one query each),
             # so sdpa reads the cache as it is, without repeating kv heads.
             q = qk[:, : self.heads].unflatten(1, (self.kv_heads, self.group))  # [B, H_kv, G, D]
