@@ -34,7 +34,10 @@ class BadBody(ValueError):
 
 def dumps(obj) -> str:
     """JSON as orjson writes it for SGLang: -inf and NaN become null."""
-    return json.dumps(_nan_to_null(obj), separators=(",", ":"))
+    try:  # the common case, in one pass: no non-finite float anywhere
+        return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        return json.dumps(_nan_to_null(obj), separators=(",", ":"))
 
 
 def _nan_to_null(obj):

@@ -104,11 +104,9 @@ async def handle_generate(request: web.Request) -> web.StreamResponse:
         _claim_rids(state, reqs)
     except RequestError as e:
         return error_response(e)
-    events: asyncio.Queue = asyncio.Queue()
     await state.gate.enter()
     try:
-        _submit(state, reqs, events)
-        await _wait_all(request, state, reqs, events)
+        await _run_all(request, state, reqs)
     finally:
         state.active_rids.difference_update(r.rid for r in reqs)
         await state.gate.leave()
@@ -132,31 +130,42 @@ def _submit(state: ServerState, reqs: list[Req], events: asyncio.Queue) -> None:
         state.scheduler.submit(req)
 
 
-async def _wait_all(request: web.Request, state: ServerState, reqs: list[Req], events: asyncio.Queue) -> None:
-    """Wait for every final event; abort our requests if the client goes away (§1.7).
-
-    The client is checked every DISCONNECT_CHECK_S on a clock, not only after that long without
-    an event: a batch whose requests finish one after another would otherwise put it off."""
+async def _run_all(request: web.Request, state: ServerState, reqs: list[Req]) -> None:
+    """Submit `reqs` and wait until every one has finished; abort them if the client goes away
+    (§1.7). One future for the call, set by the last request to finish; a timer re-armed every
+    DISCONNECT_CHECK_S checks the client meanwhile."""
     loop = asyncio.get_running_loop()
-    pending, next_check, aborted = len(reqs), loop.time() + DISCONNECT_CHECK_S, False
-    while pending:
-        try:
-            _, _, finished = await asyncio.wait_for(events.get(), timeout=max(0.0, next_check - loop.time()))
-            pending -= int(finished)
-        except asyncio.TimeoutError:
-            pass
-        except asyncio.CancelledError:
+    done = loop.create_future()
+    left = [len(reqs)]
+
+    def finished_one() -> None:  # on the event loop
+        left[0] -= 1
+        if not left[0] and not done.done():
+            done.set_result(None)
+
+    def check_client() -> None:
+        if done.done():
+            return
+        transport = request.transport
+        if transport is None or transport.is_closing():
             for req in reqs:
-                state.scheduler.abort(req.rid)
-            raise
-        if not aborted and loop.time() >= next_check:
-            next_check = loop.time() + DISCONNECT_CHECK_S
-            transport = request.transport
-            if transport is None or transport.is_closing():
-                aborted = True
-                for req in reqs:
-                    if req.finish_reason is None:
-                        state.scheduler.abort(req.rid)
+                if req.finish_reason is None:
+                    state.scheduler.abort(req.rid)
+        else:
+            timer[0] = loop.call_later(DISCONNECT_CHECK_S, check_client)
+
+    for req in reqs:  # non-stream requests report only when they finish
+        req.on_event = lambda r, n, fin: fin and loop.call_soon_threadsafe(finished_one)
+        state.scheduler.submit(req)
+    timer = [loop.call_later(DISCONNECT_CHECK_S, check_client)]
+    try:
+        await done
+    except asyncio.CancelledError:
+        for req in reqs:
+            state.scheduler.abort(req.rid)
+        raise
+    finally:
+        timer[0].cancel()
 
 
 async def _stream(request: web.Request, state: ServerState, call: GenerateCall) -> web.StreamResponse:

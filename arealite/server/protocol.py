@@ -143,11 +143,18 @@ def _prompts(body: dict) -> tuple[list, bool, bool]:
     if not ids:
         raise RequestError("input_ids cannot be empty.")
     if isinstance(ids[0], list):
-        batch = [[_expect(t, "i64", "input_ids") for t in _as_list(seq, "input_ids")] for seq in ids]
+        batch = [_i64_list(_as_list(seq, "input_ids"), "input_ids") for seq in ids]
         if any(not seq for seq in batch):
             raise RequestError("input_ids cannot be empty.")
         return batch, False, True
-    return [[_expect(t, "i64", "input_ids") for t in ids]], False, False
+    return [_i64_list(ids, "input_ids")], False, False
+
+
+def _i64_list(values: list, where: str) -> list[int]:
+    """`values` checked as i64 each; a list of plain ints in range passes in one scan."""
+    if all(type(v) is int for v in values) and (not values or (min(values) >= I64_MIN and max(values) <= I64_MAX)):
+        return values
+    return [_expect(v, "i64", where) for v in values]
 
 
 def _per_item(body: dict, key: str, default, kind: str, size: int, n: int) -> list:
