@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,9 +67,9 @@ class Req:
     def weight_version_spans(self, n: int) -> list[dict]:
         """0.5.20+'s `weight_versions`: [{version, start, end}] over output-token ranges."""
         spans: list[dict] = []
-        for i, v in enumerate(self.output_versions[:n]):
-            if spans and spans[-1]["version"] == v:
-                spans[-1]["end"] = i + 1
-            else:
-                spans.append({"version": v, "start": i, "end": i + 1})
+        start = 0
+        for version, run in itertools.groupby(self.output_versions[:n]):
+            end = start + len(list(run))
+            spans.append({"version": version, "start": start, "end": end})
+            start = end
         return spans
