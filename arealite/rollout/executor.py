@@ -61,6 +61,25 @@ def _oldest_version(traj: Trajectory) -> int | None:
     return int(produced.min()) if produced.numel() else None
 
 
+def _settled(loop: asyncio.AbstractEventLoop, tickets: list[asyncio.Future]) -> asyncio.Future:
+    """A future that resolves once every ticket is done or one has failed or been cancelled
+    (asyncio.wait's FIRST_EXCEPTION). Each ticket gets one callback for the whole call, so a
+    wait that wakes up every _POLL_S costs the same at any number of tickets (asyncio.wait on
+    the tickets adds and removes a callback on each of them at every wake-up)."""
+    settled = loop.create_future()
+    remaining = len(tickets)
+
+    def done(ticket: asyncio.Future) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if not settled.done() and (remaining == 0 or ticket.cancelled() or ticket.exception() is not None):
+            settled.set_result(None)
+
+    for ticket in tickets:
+        ticket.add_done_callback(done)
+    return settled
+
+
 def _as_records(batch: Any) -> list[dict[str, Any]]:
     """A dataloader batch as a list of records (accepts a list of dicts or a dict of lists)."""
     if isinstance(batch, dict):
@@ -370,13 +389,12 @@ class WorkflowExecutor:
         self.schedule()
         waiting_since = time.monotonic()
         failure: BaseException | None = None
+        settled = _settled(loop, tickets)
         try:
             while True:
                 wake = min(self.watchdog.due(waiting_since), time.monotonic() + _POLL_S)
-                done, pending = await asyncio.wait(
-                    tickets, timeout=max(0.0, wake - time.monotonic()), return_when=asyncio.FIRST_EXCEPTION
-                )
-                if not pending or any(t.cancelled() or t.exception() is not None for t in done):
+                await asyncio.wait((settled,), timeout=max(0.0, wake - time.monotonic()))
+                if settled.done():
                     break
                 with self._lock:
                     failure = self._take_failure()
@@ -408,9 +426,10 @@ class WorkflowExecutor:
 
     async def _adrop(self, tickets: list[asyncio.Future]) -> None:
         """Cancel a failing rollout_batch call's episodes, queued or running."""
+        mine = set(tickets)
         with self._lock:
-            self._sync = deque(e for e in self._sync if e.ticket not in tickets)
-        ours = [task for task, episode in self._tasks.items() if episode.ticket in tickets]
+            self._sync = deque(e for e in self._sync if e.ticket not in mine)
+        ours = [task for task, episode in self._tasks.items() if episode.ticket in mine]
         for task in ours:
             task.cancel()
         await asyncio.gather(*ours, return_exceptions=True)
