@@ -31,6 +31,7 @@ class Transport:
 
     def __init__(self) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}  # immutable, so built once per value
 
     async def open(self) -> None:
         self._session = make_session()
@@ -58,7 +59,9 @@ class Transport:
             raise RuntimeError("the rollout client is not initialized; call initialize() or use it in a with block")
         session = self._session
         url = f"http://{address}{path}"
-        client_timeout = aiohttp.ClientTimeout(total=timeout)
+        client_timeout = self._timeouts.get(timeout)
+        if client_timeout is None:
+            client_timeout = self._timeouts[timeout] = aiohttp.ClientTimeout(total=timeout)
         try:
             async with session.request(method, url, json=body, timeout=client_timeout) as resp:
                 raw = await resp.read()
