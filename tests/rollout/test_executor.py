@@ -170,3 +170,18 @@ def test_rollout_batch_raises_the_first_failure_without_waiting_for_the_rest():
             engine.rollout_batch([{"id": i, "fail": i == 7} for i in range(20)], FailOrHang())
         assert time.monotonic() - start < 5
         assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("shape", [(1, 40), (3, 7), (16, 600)])
+def test_oldest_version_matches_a_plain_loop(shape):
+    """The oldest produced version (-1: prompt and pad) on short and long trajectories alike."""
+    from arealite.rollout.executor import _oldest_version
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        versions = torch.randint(-1, 6, shape, generator=gen)
+        if trial == 0:
+            versions.fill_(-1)  # nothing produced
+        produced = [v for row in versions.tolist() for v in row if v >= 0]
+        assert _oldest_version({"versions": versions}) == (min(produced) if produced else None)
+    assert _oldest_version({}) is None
