@@ -22,9 +22,9 @@ from arealite.rollout.protocol import error_message
 # Seconds an idle pooled connection is kept (aiohttp's default: 15). Between two rollout
 # batches the client idles for a training step, often longer than that; with the default
 # every request of the next batch then opens a new connection, which at 1,024 requests in
-# flight doubled the client's CPU per trajectory (0.28 -> 0.51 ms after a 20 s pause,
-# benchmarks/scale.py (c)). The server may still close them sooner: a connection it closed
-# is seen as such when taken from the pool and replaced.
+# flight nearly doubled the client's CPU per trajectory (0.28 -> 0.51 ms with a 20 s pause
+# before each batch; scale.py (c)'s stubs and workflow). The server may still close them
+# sooner: a connection it closed is seen as such when taken from the pool, and replaced.
 KEEPALIVE_S = 600.0
 
 
