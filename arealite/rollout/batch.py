@@ -43,6 +43,11 @@ def concat_padded(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.T
     return out
 
 
+def _repeat(values: array, value: int, n: int) -> None:
+    """Append `value` n times, as bytes: no list of n Python ints to convert one by one."""
+    values.frombytes(array(values.typecode, [value]).tobytes() * n)
+
+
 def trajectory_from_tokens(
     prompt_ids: Sequence[Sequence[int]],
     output_ids: Sequence[Sequence[int]],
@@ -59,8 +64,11 @@ def trajectory_from_tokens(
     width = max(lens)
     # Filled row by row into flat typed arrays (C-speed extends), then viewed as [B, T] tensors
     # without a per-element conversion: this runs once per trajectory on the rollout client's
-    # event loop, where its cost adds to every sample (benchmarks/rollout_overhead.py).
-    ids, logp, vers, mask = array("q"), array("f"), array("q"), array("i")
+    # event loop, where its cost adds to every sample (benchmarks/rollout_overhead.py). The
+    # masks too: building them with tensor ops (arange, comparisons, torch.tensor of the
+    # lengths) cost more than all the rest for short samples, op dispatch being most of it.
+    ids, logp, vers = array("q"), array("f"), array("q")
+    attention, mask = array("B"), array("i")
     for b in range(rows):
         p, o = plens[b], lens[b] - plens[b]
         if len(output_logprobs[b]) != o or len(output_versions[b]) != o:
@@ -71,32 +79,30 @@ def trajectory_from_tokens(
         pad = width - p - o
         ids.extend(prompt_ids[b])
         ids.extend(output_ids[b])
-        ids.extend([0] * pad)
-        logp.extend([0.0] * p)
-        vers.extend([-1] * p)
-        if output_loss_mask is None:
+        _repeat(ids, 0, pad)
+        attention.frombytes(b"\x01" * (p + o) + bytes(pad))
+        _repeat(logp, 0, p)
+        _repeat(vers, -1, p)
+        _repeat(mask, 0, p)
+        if output_loss_mask is None:  # every output token
+            _repeat(mask, 1, o)
             logp.extend(output_logprobs[b])
             vers.extend(output_versions[b])
         else:
             m = [int(x) for x in output_loss_mask[b]]
             if len(m) != o:
                 raise ValueError(f"sample {b}: {o} output tokens but a loss mask of {len(m)}")
-            mask.extend([0] * p + m + [0] * pad)
+            mask.extend(m)
             logp.extend([lp if k else 0.0 for lp, k in zip(output_logprobs[b], m)])
             vers.extend([v if k else -1 for v, k in zip(output_versions[b], m)])
-        logp.extend([0.0] * pad)
-        vers.extend([-1] * pad)
-    columns = torch.arange(width)[None, :]
-    attention = columns < torch.tensor(lens)[:, None]
-    if output_loss_mask is None:  # every output token
-        loss_mask = ((columns >= torch.tensor(plens)[:, None]) & attention).to(torch.int32)
-    else:
-        loss_mask = torch.frombuffer(mask, dtype=torch.int32).view(rows, width)
+        _repeat(mask, 0, pad)
+        _repeat(logp, 0, pad)
+        _repeat(vers, -1, pad)
     # All [B, T]: logprobs aligned to the token itself, versions -1 on prompt and pad.
     return {
         "input_ids": torch.frombuffer(ids, dtype=torch.long).view(rows, width),
-        "attention_mask": attention,  # bool
-        "loss_mask": loss_mask,  # int32
+        "attention_mask": torch.frombuffer(attention, dtype=torch.bool).view(rows, width),
+        "loss_mask": torch.frombuffer(mask, dtype=torch.int32).view(rows, width),
         "logprobs": torch.frombuffer(logp, dtype=torch.float32).view(rows, width),
         "versions": torch.frombuffer(vers, dtype=torch.long).view(rows, width),
     }

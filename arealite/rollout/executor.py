@@ -20,6 +20,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import torch
+
 from arealite.config import InferenceEngineConfig
 from arealite.interfaces import AcceptFn, Batch, GenerationEngine, RolloutWorkflow, Trajectory
 from arealite.rollout.batch import concat_padded
@@ -54,11 +56,34 @@ class _Ready(NamedTuple):
 
 
 def _oldest_version(traj: Trajectory) -> int | None:
+    """The smallest version >= 0 (-1 marks prompt and pad), once per trajectory on the loop."""
     versions = traj.get("versions")
     if versions is None:
         return None
-    produced = versions[versions >= 0]
-    return int(produced.min()) if produced.numel() else None
+    if versions.numel() <= 1024:  # short: a Python scan costs a third of three tensor ops' dispatch
+        produced = [v for v in versions.reshape(-1).tolist() if v >= 0]
+        return int(min(produced)) if produced else None
+    newest = int(versions.max())  # long: no boolean-indexed copy of the produced tokens
+    return None if newest < 0 else int(torch.where(versions >= 0, versions, newest).min())
+
+
+def _settled(loop: asyncio.AbstractEventLoop, tickets: list[asyncio.Future]) -> asyncio.Future:
+    """A future that resolves once every ticket is done or one has failed or been cancelled
+    (asyncio.wait's FIRST_EXCEPTION). Each ticket gets one callback for the whole call, so a
+    wait that wakes up every _POLL_S costs the same at any number of tickets (asyncio.wait on
+    the tickets adds and removes a callback on each of them at every wake-up)."""
+    settled = loop.create_future()
+    remaining = len(tickets)
+
+    def done(ticket: asyncio.Future) -> None:
+        nonlocal remaining
+        remaining -= 1
+        if not settled.done() and (remaining == 0 or ticket.cancelled() or ticket.exception() is not None):
+            settled.set_result(None)
+
+    for ticket in tickets:
+        ticket.add_done_callback(done)
+    return settled
 
 
 def _as_records(batch: Any) -> list[dict[str, Any]]:
@@ -96,6 +121,9 @@ class WorkflowExecutor:
         self._ready: deque[_Ready] = deque()  # accepted, waiting for `wait`
         self._sync: deque[_Episode] = deque()  # rollout_batch episodes, waiting for concurrency
         self._tasks: dict[asyncio.Task, _Episode] = {}  # running episodes
+        # the loop a `schedule` call from `submit` is on its way to (a loop of an earlier
+        # initialize never ran it: compared by identity, it posts again)
+        self._schedule_posted_to: asyncio.AbstractEventLoop | None = None
         self.watchdog = Watchdog(config.stall_timeout)
         self._failure: BaseException | None = None  # the next wait / rollout_batch raises it
         self._data_iter: Any = None
@@ -122,10 +150,11 @@ class WorkflowExecutor:
 
     def schedule(self) -> None:
         """Start every episode the bounds allow. Runs on the loop; call it after any change."""
-        if self._gate.paused:
-            return
         loop = asyncio.get_running_loop()
         with self._lock:
+            self._schedule_posted_to = None  # a submit from now on posts another call
+            if self._gate.paused:
+                return
             limit = self._concurrency_limit()
             while self._sync and (not limit or len(self._tasks) < limit):
                 self._start(loop, self._sync.popleft())
@@ -193,10 +222,13 @@ class WorkflowExecutor:
         """Queue one episode; it starts as soon as the staleness and concurrency bounds allow."""
         if not hasattr(workflow, "arun_episode"):
             raise TypeError(f"workflow {workflow!r} has no arun_episode(engine, data); subclass RolloutWorkflow")
+        loop = self._loop.loop  # raises if the client is not initialized
         with self._lock:
             self._queued.append(_Episode(dict(data), workflow, should_accept))
             self.stats["submitted"] += 1
-        self._loop.call_soon(self.schedule)
+            posted, self._schedule_posted_to = self._schedule_posted_to is loop, loop
+        if not posted:  # one wake-up of the loop (a thread-safe call) per burst of submits, not one each
+            loop.call_soon_threadsafe(self.schedule)
 
     def _pop_stale(self) -> None:
         """Re-queue ready trajectories that fell more than k versions behind (lock held)."""
@@ -370,13 +402,12 @@ class WorkflowExecutor:
         self.schedule()
         waiting_since = time.monotonic()
         failure: BaseException | None = None
+        settled = _settled(loop, tickets)
         try:
             while True:
                 wake = min(self.watchdog.due(waiting_since), time.monotonic() + _POLL_S)
-                done, pending = await asyncio.wait(
-                    tickets, timeout=max(0.0, wake - time.monotonic()), return_when=asyncio.FIRST_EXCEPTION
-                )
-                if not pending or any(t.cancelled() or t.exception() is not None for t in done):
+                await asyncio.wait((settled,), timeout=max(0.0, wake - time.monotonic()))
+                if settled.done():
                     break
                 with self._lock:
                     failure = self._take_failure()
@@ -408,9 +439,10 @@ class WorkflowExecutor:
 
     async def _adrop(self, tickets: list[asyncio.Future]) -> None:
         """Cancel a failing rollout_batch call's episodes, queued or running."""
+        mine = set(tickets)
         with self._lock:
-            self._sync = deque(e for e in self._sync if e.ticket not in tickets)
-        ours = [task for task, episode in self._tasks.items() if episode.ticket in tickets]
+            self._sync = deque(e for e in self._sync if e.ticket not in mine)
+        ours = [task for task, episode in self._tasks.items() if episode.ticket in mine]
         for task in ours:
             task.cancel()
         await asyncio.gather(*ours, return_exceptions=True)

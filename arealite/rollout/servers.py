@@ -13,6 +13,7 @@ at once (`left_rotation`). Used only from the rollout event loop, so it needs no
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections import OrderedDict
@@ -41,6 +42,7 @@ class ServerPool:
         self._tiebreak = itertools.count()
         self._context_length: dict[str, int | None] = {}
         self._left: dict[str, asyncio.Future] = {}
+        self._waiters: dict[str, set[asyncio.Future]] = {}  # one per `unless_left` call in flight, by server
         self.failovers = 0  # servers taken out of rotation so far
 
     @property
@@ -99,6 +101,8 @@ class ServerPool:
         future = self._left.pop(address, None)
         if future is not None and not future.done():
             future.set_result(None)
+        for waiter in self._waiters.pop(address, ()):
+            _wake(waiter)
 
     def left_rotation(self, address: str) -> asyncio.Future:
         """A future that resolves when `address` leaves the rotation (already, if it has)."""
@@ -111,11 +115,23 @@ class ServerPool:
 
     async def unless_left(self, address: str, call: Awaitable[T]) -> T | None:
         """`call`'s result, or None (the call cancelled) once `address` leaves the rotation first:
-        a server cut off mid-call would otherwise hold it until the call's own timeout."""
+        a server cut off mid-call would otherwise hold it until the call's own timeout.
+
+        Each call waits on a future of its own that `take_out` resolves, not on the shared
+        `left_rotation` future: a future's done callbacks are a list that every removal scans,
+        so thousands of calls in flight to one server would each pay for all the others."""
         task = asyncio.ensure_future(call)
+        if not self.is_healthy(address):
+            task.cancel()
+            return None
+        waiter = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(address, set())
+        waiters.add(waiter)
+        task.add_done_callback(functools.partial(_wake, waiter))
         try:
-            await asyncio.wait((task, self.left_rotation(address)), return_when=asyncio.FIRST_COMPLETED)
+            await waiter
         finally:  # also when the caller is cancelled: the call must not outlive it
+            waiters.discard(waiter)
             if not task.done():
                 task.cancel()
         if not task.done() or task.cancelled():  # cancel() only takes effect at the task's next step
@@ -128,3 +144,8 @@ class ServerPool:
 
     def set_context_length(self, address: str, length: int | None) -> None:
         self._context_length[address] = length
+
+
+def _wake(waiter: asyncio.Future, _: object = None) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

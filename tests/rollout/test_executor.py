@@ -149,3 +149,39 @@ def test_destroy_fails_a_waiting_rollout_batch(two_servers):
     worker.join(timeout=30)
     assert not worker.is_alive(), "rollout_batch hung after destroy()"
     assert outcome["result"] == "CancelledError"
+
+
+def test_rollout_batch_raises_the_first_failure_without_waiting_for_the_rest():
+    """One episode fails while the others are still running: rollout_batch raises its error at
+    once (not after the others finish), on a client with a fake transport."""
+    from tests.rollout.fakes import FakeTransport
+
+    class FailOrHang(RolloutWorkflow):
+        async def arun_episode(self, engine, data):
+            if data["fail"]:
+                await asyncio.sleep(0.05)
+                raise KeyError("broken record")
+            await asyncio.sleep(60)
+
+    config = InferenceEngineConfig(setup_timeout=5, health_check_interval=60)
+    with RemoteSGLangEngine(config, ["127.0.0.1:1"], transport=FakeTransport()) as engine:
+        start = time.monotonic()
+        with pytest.raises(RolloutWorkflowError, match="broken record") as info:
+            engine.rollout_batch([{"id": i, "fail": i == 7} for i in range(20)], FailOrHang())
+        assert time.monotonic() - start < 5
+        assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("shape", [(1, 40), (3, 7), (16, 600)])
+def test_oldest_version_matches_a_plain_loop(shape):
+    """The oldest produced version (-1: prompt and pad) on short and long trajectories alike."""
+    from arealite.rollout.executor import _oldest_version
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        versions = torch.randint(-1, 6, shape, generator=gen)
+        if trial == 0:
+            versions.fill_(-1)  # nothing produced
+        produced = [v for row in versions.tolist() for v in row if v >= 0]
+        assert _oldest_version({"versions": versions}) == (min(produced) if produced else None)
+    assert _oldest_version({}) is None

@@ -67,3 +67,33 @@ def test_unless_left_cancels_the_call_when_the_server_leaves_or_the_caller_is_ca
         assert call.cancelled()  # the call does not outlive its caller
 
     asyncio.run(main())
+
+
+def test_a_server_leaving_abandons_its_own_calls_only():
+    """Many calls in flight to two servers: taking one out returns None for each of its calls
+    (cancelled) at once, while the other server's calls go on to their results."""
+    import asyncio
+
+    async def main() -> None:
+        pool = ServerPool(["a:1", "b:2"])
+        release = asyncio.Event()
+
+        async def call(i: int) -> int:
+            await release.wait()
+            return i
+
+        inner = {(a, i): asyncio.ensure_future(call(i)) for a in ("a:1", "b:2") for i in range(50)}
+        callers = {key: asyncio.ensure_future(pool.unless_left(key[0], c)) for key, c in inner.items()}
+        await asyncio.sleep(0.01)
+        pool.take_out("a:1", "test")
+        await asyncio.sleep(0.01)
+        assert all(callers[("a:1", i)].done() and callers[("a:1", i)].result() is None for i in range(50))
+        assert not any(callers[("b:2", i)].done() for i in range(50))
+        release.set()
+        assert [await callers[("b:2", i)] for i in range(50)] == list(range(50))
+        assert all(inner[("a:1", i)].cancelled() for i in range(50))
+        assert await pool.unless_left("a:1", call(7)) is None  # out of rotation: not even started
+        pool.mark_up("a:1")
+        assert await pool.unless_left("a:1", call(7)) == 7
+
+    asyncio.run(main())
