@@ -14,6 +14,8 @@ paired ratios; a reader sees the noise next to the figure.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import os
 import platform
@@ -55,6 +57,20 @@ def spread(xs: Sequence[float], fmt: str = ".2f") -> str:
 def order(repeat: int, names: Sequence[Any]) -> list[Any]:
     """The sides in run order for repeat `repeat`: as given, reversed on odd repeats."""
     return list(names) if repeat % 2 == 0 else list(names)[::-1]
+
+
+def settle() -> None:
+    """Before a timed run: collect the garbage of earlier runs and freeze what survives, so
+    the run's own collections scan only what it allocates (timeit keeps earlier garbage out of
+    a timing the same way). Called by every side of a comparison alike."""
+    gc.collect()
+    gc.freeze()
+    if not _settled:  # at exit the frozen objects are collected as usual (extensions check for leaks)
+        atexit.register(gc.unfreeze)
+        _settled.append(True)
+
+
+_settled: list[bool] = []
 
 
 # ---- context lines -------------------------------------------------------------------------

@@ -29,6 +29,9 @@ within each of `--repeats` paired repeats (every side reloads nothing between re
 - sequential: `model.generate` one request at a time (each with its own budget), on the
   first 8 requests, in the same worker.
 
+Before every timed run, calibration included, this process (the HTTP clients) and the
+generate worker collect their garbage and freeze what survives (`harness.settle`), so no run
+pays a full collection of an earlier run's garbage; the server process is left as it is.
 Throughput counts useful tokens only (each request's output up to its budget or EOS).
 Prints every repeat, the spread (min/IQR/median/max) of the paired ratios, then
 `speedup_at_<N>=<median server / sequential>` (N: the server's searched client count),
@@ -88,6 +91,7 @@ def hf_run(state, req: dict) -> dict:
     if req.get("sort"):  # by budget, then prompt length: a batch's rows finish together, pad alike
         work = sorted(work, key=lambda w: (w[1], len(w[0])))
     torch.manual_seed(req["seed"])
+    harness.settle()
     tokens, start = 0, time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(work), batch):
@@ -251,6 +255,7 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
         print("repeat  side        seconds  tokens   tok/s")
         for i in range(args.repeats):
             for name in harness.order(i, list(sides)):
+                harness.settle()  # this process's earlier garbage stays out of the HTTP clients' timing
                 seconds, tokens = sides[name](i)
                 rates[name].append(tokens / seconds)
                 print(f"{i:6d}  {name:<10} {seconds:8.2f} {tokens:7d} {tokens / seconds:7.0f}")
@@ -267,6 +272,7 @@ def calibrate(side: str, unit: str, timed: Callable[[int, int], tuple[float, int
     for value in values:
         rates = []
         for seed in range(3):
+            harness.settle()
             seconds, tokens = timed(value, seed)
             rates.append(tokens / seconds)
         medians[value] = sorted(rates)[1]
