@@ -43,9 +43,12 @@ def concat_padded(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.T
     return out
 
 
-def _repeat(values: array, value: int, n: int) -> None:
-    """Append `value` n times, as bytes: no list of n Python ints to convert one by one."""
-    values.frombytes(array(values.typecode, [value]).tobytes() * n)
+def _fill(typecode: str, value: int) -> bytes:
+    """One item of `typecode` holding `value`, as bytes: `_fill(...) * n` is n of them, made in C."""
+    return array(typecode, [value]).tobytes()
+
+
+_ZERO_I32, _ONE_I32, _NO_VERSION = _fill("i", 0), _fill("i", 1), _fill("q", -1)
 
 
 def trajectory_from_tokens(
@@ -62,47 +65,55 @@ def trajectory_from_tokens(
     plens = [len(p) for p in prompt_ids]
     lens = [p + len(o) for p, o in zip(plens, output_ids)]
     width = max(lens)
-    # Filled row by row into flat typed arrays (C-speed extends), then viewed as [B, T] tensors
-    # without a per-element conversion: this runs once per trajectory on the rollout client's
-    # event loop, where its cost adds to every sample (benchmarks/rollout_overhead.py). The
-    # masks too: building them with tensor ops (arange, comparisons, torch.tensor of the
-    # lengths) cost more than all the rest for short samples, op dispatch being most of it.
-    ids, logp, vers = array("q"), array("f"), array("q")
-    attention, mask = array("B"), array("i")
+    # Built without a per-element Python step: this runs once per trajectory on the rollout
+    # client's event loop, where its cost adds to every sample (benchmarks/rollout_overhead.py).
+    # Ids and logprobs are gathered into flat lists (list += list copies pointers) and converted
+    # once: array(typecode, list) is twice as fast as array.extend(list), which grows the array
+    # item by item. Masks, pads and a sample's single version are repeated byte patterns. Tensor
+    # ops (arange, comparisons) cost more than all the rest for short samples, op dispatch
+    # being most of it.
+    ids: list[int] = []
+    logp: list[float] = []
+    vers, attention, mask = bytearray(), bytearray(), bytearray()
     for b in range(rows):
         p, o = plens[b], lens[b] - plens[b]
-        if len(output_logprobs[b]) != o or len(output_versions[b]) != o:
+        out_logp, out_vers = output_logprobs[b], output_versions[b]
+        if len(out_logp) != o or len(out_vers) != o:
             raise ValueError(
-                f"sample {b}: {o} output tokens but {len(output_logprobs[b])} logprobs "
-                f"and {len(output_versions[b])} versions; they must align one to one"
+                f"sample {b}: {o} output tokens but {len(out_logp)} logprobs "
+                f"and {len(out_vers)} versions; they must align one to one"
             )
         pad = width - p - o
-        ids.extend(prompt_ids[b])
-        ids.extend(output_ids[b])
-        _repeat(ids, 0, pad)
-        attention.frombytes(b"\x01" * (p + o) + bytes(pad))
-        _repeat(logp, 0, p)
-        _repeat(vers, -1, p)
-        _repeat(mask, 0, p)
+        ids += prompt_ids[b]
+        ids += output_ids[b]
+        ids += [0] * pad
+        attention += b"\x01" * (p + o)
+        attention += bytes(pad)
+        logp += [0.0] * p
+        vers += _NO_VERSION * p
+        mask += _ZERO_I32 * p
         if output_loss_mask is None:  # every output token
-            _repeat(mask, 1, o)
-            logp.extend(output_logprobs[b])
-            vers.extend(output_versions[b])
+            mask += _ONE_I32 * o
+            logp += out_logp
+            if isinstance(out_vers, list) and o and out_vers.count(out_vers[0]) == o:  # one version: the usual case
+                vers += _fill("q", out_vers[0]) * o
+            else:
+                vers += array("q", out_vers).tobytes()
         else:
             m = [int(x) for x in output_loss_mask[b]]
             if len(m) != o:
                 raise ValueError(f"sample {b}: {o} output tokens but a loss mask of {len(m)}")
-            mask.extend(m)
-            logp.extend([lp if k else 0.0 for lp, k in zip(output_logprobs[b], m)])
-            vers.extend([v if k else -1 for v, k in zip(output_versions[b], m)])
-        _repeat(mask, 0, pad)
-        _repeat(logp, 0, pad)
-        _repeat(vers, -1, pad)
+            mask += array("i", m).tobytes()
+            logp += [lp if k else 0.0 for lp, k in zip(out_logp, m)]
+            vers += array("q", [v if k else -1 for v, k in zip(out_vers, m)]).tobytes()
+        mask += _ZERO_I32 * pad
+        logp += [0.0] * pad
+        vers += _NO_VERSION * pad
     # All [B, T]: logprobs aligned to the token itself, versions -1 on prompt and pad.
     return {
-        "input_ids": torch.frombuffer(ids, dtype=torch.long).view(rows, width),
+        "input_ids": torch.frombuffer(array("q", ids), dtype=torch.long).view(rows, width),
         "attention_mask": torch.frombuffer(attention, dtype=torch.bool).view(rows, width),
         "loss_mask": torch.frombuffer(mask, dtype=torch.int32).view(rows, width),
-        "logprobs": torch.frombuffer(logp, dtype=torch.float32).view(rows, width),
+        "logprobs": torch.frombuffer(array("f", logp), dtype=torch.float32).view(rows, width),
         "versions": torch.frombuffer(vers, dtype=torch.long).view(rows, width),
     }

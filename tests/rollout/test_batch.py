@@ -1,5 +1,7 @@
 """Building and stacking padded trajectory batches (docs/architecture.md §5 convention)."""
 
+import random
+
 import pytest
 import torch
 
@@ -25,6 +27,40 @@ def test_loss_mask_excludes_non_model_tokens():
     assert traj["loss_mask"].tolist() == [[0, 1, 0, 1]]
     assert traj["logprobs"].tolist() == [[0.0, -1.0, 0.0, -3.0]]
     assert traj["versions"].tolist() == [[-1, 5, -1, 5]]
+
+
+def _naive_trajectory(prompts, outputs, logprobs, versions, masks):
+    """trajectory_from_tokens as a plain loop over tokens, the reference."""
+    width = max(len(p) + len(o) for p, o in zip(prompts, outputs))
+    rows = {k: [] for k in ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")}
+    for p, o, lp, v, m in zip(prompts, outputs, logprobs, versions, masks):
+        pad = width - len(p) - len(o)
+        m = [1] * len(o) if m is None else m
+        rows["input_ids"].append(list(p) + list(o) + [0] * pad)
+        rows["attention_mask"].append([True] * (len(p) + len(o)) + [False] * pad)
+        rows["loss_mask"].append([0] * len(p) + list(m) + [0] * pad)
+        rows["logprobs"].append([0.0] * len(p) + [x if k else 0.0 for x, k in zip(lp, m)] + [0.0] * pad)
+        rows["versions"].append([-1] * len(p) + [x if k else -1 for x, k in zip(v, m)] + [-1] * pad)
+    return rows
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_trajectory_from_tokens_matches_a_naive_loop(with_mask):
+    # Samples of one version (the fast path), of several, empty outputs, tuples and lists.
+    rng = random.Random(0)
+    for _ in range(200):
+        b = rng.randint(1, 4)
+        prompts = [[rng.randint(0, 99) for _ in range(rng.randint(1, 6))] for _ in range(b)]
+        outputs = [[rng.randint(0, 99) for _ in range(rng.randint(0, 6))] for _ in range(b)]
+        logprobs = [[-rng.randint(1, 8) / 4 for _ in o] for o in outputs]
+        versions = [
+            [rng.choice([2, 3])] * len(o) if rng.random() < 0.5 else [rng.choice([2, 3]) for _ in o] for o in outputs
+        ]
+        versions = [tuple(v) if rng.random() < 0.3 else v for v in versions]
+        masks = [[rng.randint(0, 1) for _ in o] for o in outputs] if with_mask else [None] * b
+        traj = trajectory_from_tokens(prompts, outputs, logprobs, versions, masks if with_mask else None)
+        want = _naive_trajectory(prompts, outputs, logprobs, versions, masks)
+        assert {k: t.tolist() for k, t in traj.items()} == want
 
 
 def test_misaligned_outputs_are_rejected():
