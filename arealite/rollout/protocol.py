@@ -41,15 +41,20 @@ def sampling_params(gconfig: GenerationHyperparameters) -> dict[str, Any]:
         "top_p": gconfig.top_p,
         "top_k": gconfig.top_k,
     }
-    optional = {
-        "min_new_tokens": gconfig.min_new_tokens or None,
-        "stop_token_ids": list(gconfig.stop_token_ids) or None,
-        "stop": list(gconfig.stop) or None,
-        "frequency_penalty": gconfig.frequency_penalty or None,
-        "sampling_seed": None if gconfig.sampling_seed is None else int(gconfig.sampling_seed),
-        "min_p": gconfig.min_p or None,
-    }
-    return params | {k: v for k, v in optional.items() if v is not None}
+    # Each optional setting in turn, not a dict of them filtered: this runs for every request.
+    if gconfig.min_new_tokens:
+        params["min_new_tokens"] = gconfig.min_new_tokens
+    if gconfig.stop_token_ids:
+        params["stop_token_ids"] = list(gconfig.stop_token_ids)
+    if gconfig.stop:
+        params["stop"] = list(gconfig.stop)
+    if gconfig.frequency_penalty:
+        params["frequency_penalty"] = gconfig.frequency_penalty
+    if gconfig.sampling_seed is not None:
+        params["sampling_seed"] = int(gconfig.sampling_seed)
+    if gconfig.min_p:
+        params["min_p"] = gconfig.min_p
+    return params
 
 
 def generate_body(
@@ -72,7 +77,7 @@ def generate_body(
         else:
             del params["min_new_tokens"]
     body = {
-        "input_ids": [int(t) for t in input_ids],  # 0.5.22+ rejects floats
+        "input_ids": list(map(int, input_ids)),  # 0.5.22+ rejects floats
         "sampling_params": params,
         "return_logprob": True,
         "stream": False,
@@ -123,7 +128,7 @@ def parse_generate_reply(reply: Any) -> GenerateChunk:
     tokens = reply.get("output_ids")
     if tokens is None:  # <= 0.4.10 omits output_ids (§7)
         tokens = [int(t[1]) for t in triples]
-    tokens = [int(t) for t in tokens]
+    tokens = list(map(int, tokens))
     if len(tokens) != len(logprobs):
         raise ValueError(f"/generate reply has {len(tokens)} output_ids but {len(logprobs)} logprobs")
     spans = []
