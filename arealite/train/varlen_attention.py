@@ -163,20 +163,22 @@ def varlen_sdpa_forward(
     if cu_seq_lens_q is None:
         cu_seq_lens_q = torch.tensor([0, n_tokens], device=query.device)
     layout = _layout_of(cu_seq_lens_q.to(query.device), n_tokens, sliding_window)
-    # one split per tensor (its backward is one concatenation; a slice per segment would
-    # allocate a zero gradient of the whole row for each segment)
+    # One split per tensor along the tokens of the [1, N, H, D] view (its backward is one
+    # concatenation; a slice per segment would allocate a zero gradient of the whole row for
+    # each segment). Token-major, as the projections lay q/k/v out and sdpa lays out its
+    # output and gradients: the concatenations copy contiguous blocks, and neither the
+    # output nor the gradients of q/k/v need another copy to reach the linear layers.
     widths = [s.width for s in layout.segments]
-    parts = zip(*(t.split(widths, dim=2) for t in (query, key, value)))
+    parts = zip(*(t.transpose(1, 2).split(widths, dim=1) for t in (query, key, value)))
     outs = []
     for (q, k, v), mask in zip(parts, layout.masks):
-        outs.append(
-            F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout if module.training else 0.0, is_causal=mask is None,
-                scale=scaling, enable_gqa=k.shape[1] != q.shape[1],
-            )
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+            dropout_p=dropout if module.training else 0.0, is_causal=mask is None, scale=scaling,
+            enable_gqa=k.shape[2] != q.shape[2],
         )  # fmt: skip
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-    return out.transpose(1, 2), None
+        outs.append(out.transpose(1, 2))  # [1, W, H, D]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)), None
 
 
 def _no_mask(*args, **kwargs) -> None:

@@ -145,3 +145,20 @@ def test_many_short_and_long_sequences_match_the_dense_mask(window, longest_firs
     cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
     out, _ = varlen_sdpa_forward(module, q, k, v, None, sliding_window=window, cu_seq_lens_q=cu)
     assert_close(out, _dense_reference(q, k, v, lens, window), n=max(lens))
+
+
+def test_output_and_gradients_keep_the_token_major_layout_of_the_projections():
+    """q/k/v arrive as transposed views of the projections' [1, N, H*D] outputs: the output
+    comes back contiguous as [1, N, H, D] and each gradient in its input's layout, so neither
+    the o_proj input nor the q/k/v projections' gradients need a copy."""
+    n, lens = sum(LENS), LENS
+    proj = [torch.randn(1, n, h * 8, requires_grad=True) for h in (4, 2, 2)]
+    q, k, v = (p.view(1, n, -1, 8).transpose(1, 2) * 1.0 for p in proj)  # token-major, like rotary's output
+    grads = {}
+    for name, t in zip("qkv", (q, k, v)):
+        t.register_hook(lambda g, name=name: grads.__setitem__(name, g))
+    _, _, cu = _packed(lens)
+    out, _ = varlen_sdpa_forward(torch.nn.Module().train(), q, k, v, None, cu_seq_lens_q=cu)
+    assert out.shape == (1, n, 4, 8) and out.is_contiguous()
+    out.sum().backward()
+    assert [grads[name].stride() for name in "qkv"] == [t.stride() for t in (q, k, v)]
