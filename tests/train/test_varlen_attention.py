@@ -162,3 +162,21 @@ def test_output_and_gradients_keep_the_token_major_layout_of_the_projections():
     assert out.shape == (1, n, 4, 8) and out.is_contiguous()
     out.sum().backward()
     assert [grads[name].stride() for name in "qkv"] == [t.stride() for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_sequences_of_one_length_share_one_causal_call(window):
+    """A run of equal lengths (empty sequences inside it included) is one causal call over the
+    run viewed as [rows, L]: no mask, no masked scores, however wide; it still matches the dense mask."""
+    lens = [90, 30, 30, 0, 30, 30, 12, 7, 7]
+    segments = plan(lens)
+    assert [s.lengths for s in segments][:2] == [(90,), (30, 30, 0, 30, 30)]
+    assert [s.uniform for s in segments][:2] == [True, True]
+    assert masked_share([90, 30, 30, 0, 30, 30]) == 0.0
+    assert [s.lengths for s in plan([40] * 60)] == [(40,) * 60]  # 2,400 tokens: no W x W mask to bound
+    assert len(plan([8] * 5000)) == 1  # a long run costs the planner no more than a short one
+    module = torch.nn.Module().eval()
+    q, k, v = _qkv(sum(lens))
+    _, _, cu = _packed(lens)
+    out, _ = varlen_sdpa_forward(module, q, k, v, None, sliding_window=window, cu_seq_lens_q=cu)
+    assert_close(out, _dense_reference(q, k, v, lens, window), n=max(lens))
