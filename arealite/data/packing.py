@@ -7,9 +7,11 @@ per-sequence keys (`rewards` [B]) stay as they are, and three keys are added:
 every sequence) and `max_seqlen` (int). The model sees one row of N tokens whose attention
 is confined to each sequence (block-diagonal causal), so no compute is spent on padding.
 
-Micro-batches are sets of whole sequences whose token count fits `max_tokens_per_mb`,
-balanced by tokens (largest-first into the lightest bin). Deliberately absent: splitting a
-single sequence across micro-batches (needs sequence parallelism).
+Micro-batches are sets of whole sequences whose token count fits `max_tokens_per_mb`: the
+sequences sorted by length and cut into consecutive runs balanced by tokens, so each
+micro-batch holds sequences of similar lengths (the packed attention then attends equal
+lengths in one call). Deliberately absent: splitting a single sequence across micro-batches
+(needs sequence parallelism).
 """
 
 from __future__ import annotations
@@ -151,9 +153,12 @@ def balanced_partition(seqlens: list[int], k: int) -> list[list[int]]:
 def split_by_token_budget(seqlens: list[int], max_tokens_per_mb: int | None, n_mbs: int = 1) -> list[list[int]]:
     """Group sequence indices into micro-batches of at most `max_tokens_per_mb` tokens.
 
-    Returns at least `min(n_mbs, len(seqlens))` non-empty micro-batches, balanced by tokens;
-    each lists its indices in increasing order. Raises ValueError if a single sequence is
-    longer than the budget (it cannot be split).
+    Returns at least `min(n_mbs, len(seqlens))` non-empty micro-batches, as few as the budget
+    allows otherwise; each lists its indices in increasing order. The sequences, sorted longest
+    first, are cut into consecutive runs with the smallest largest token count: micro-batches
+    balanced by tokens whose sequences have similar lengths (the packed attention attends
+    sequences of one length in one call; spread over micro-batches, each would take its own).
+    Raises ValueError if a single sequence is longer than the budget (it cannot be split).
     """
     if n_mbs < 1:
         raise ValueError(f"n_mbs={n_mbs} must be >= 1")
@@ -166,22 +171,31 @@ def split_by_token_budget(seqlens: list[int], max_tokens_per_mb: int | None, n_m
             f"a sequence of {longest} tokens exceeds max_tokens_per_mb={max_tokens_per_mb}; "
             f"set mb_spec.max_tokens_per_mb >= {longest}"
         )
-    k = min(max(n_mbs, math.ceil(sum(seqlens) / budget)), len(seqlens))
-    while True:
-        groups = _first_fit_balanced(seqlens, k, budget)
-        if groups is not None:
-            return groups
-        k += 1  # LPT could not fit everything into k bins; one more always converges at k = B
+    order = sorted(range(len(seqlens)), key=lambda i: (-seqlens[i], i))
+    lens = [seqlens[i] for i in order]
+    k = min(max(n_mbs, math.ceil(sum(lens) / budget), len(_cut(lens, budget))), len(lens))
+    lo, hi = longest, budget  # the smallest cap whose cuts number at most k (more cuts as the cap falls)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if len(_cut(lens, mid)) <= k else (mid + 1, hi)
+    runs = _cut(lens, lo)
+    while len(runs) < k:  # n_mbs asks for more micro-batches than the tokens need: halve the largest
+        j = max((j for j, (a, b) in enumerate(runs) if b - a > 1), key=lambda j: sum(lens[runs[j][0] : runs[j][1]]))
+        a, b = runs[j]
+        mid, load, half = a + 1, lens[a], sum(lens[a:b]) / 2
+        while mid < b - 1 and load + lens[mid] <= half:
+            load, mid = load + lens[mid], mid + 1
+        runs[j : j + 1] = [(a, mid), (mid, b)]
+    return [sorted(order[a:b]) for a, b in runs]
 
 
-def _first_fit_balanced(seqlens: list[int], k: int, budget: int) -> list[list[int]] | None:
-    loads = [0] * k
-    groups: list[list[int]] = [[] for _ in range(k)]
-    for i in sorted(range(len(seqlens)), key=lambda i: (-seqlens[i], i)):
-        fits = [j for j in range(k) if loads[j] + seqlens[i] <= budget]
-        if not fits:
-            return None
-        g = min(fits, key=lambda j: (loads[j], j))
-        groups[g].append(i)
-        loads[g] += seqlens[i]
-    return [sorted(g) for g in groups if g]
+def _cut(lens: list[int], cap: int) -> list[tuple[int, int]]:
+    """Consecutive runs [a, b) of `lens`, each as long as fits `cap` tokens (the fewest runs under it)."""
+    runs, a, load = [], 0, 0
+    for b, n in enumerate(lens):
+        if b > a and load + n > cap:
+            runs.append((a, b))
+            a, load = b, 0
+        load += n
+    runs.append((a, len(lens)))
+    return runs

@@ -220,7 +220,7 @@ class FSDPEngine:
         n = int(world.all_reduce(torch.tensor(len(groups)), "max"))
         if n > len(groups):
             groups = split_by_token_budget(lens, spec.max_tokens_per_mb, n)
-        # longest first within a row: the varlen sdpa's short sequences sit together and share calls
+        # longest first within a row: equal lengths sit together (one varlen sdpa call each), short ones too
         groups = [sorted(g, key=lambda i: (-lens[i], i)) for g in groups]
         out: list[tuple[Batch, list[int] | None]] = [(pack(select(batch, g)), g) for g in groups]
         while len(out) < n:  # fewer sequences here than micro-batches elsewhere

@@ -74,6 +74,19 @@ def test_split_by_token_budget_properties(seed):
     assert len(groups) <= max(n_mbs, 2 * -(-sum(lens) // budget))  # no wasteful splitting
 
 
+def test_split_puts_similar_lengths_together_and_balances_tokens():
+    """Two lengths, interleaved: each micro-batch holds one of them (the packed attention
+    attends equal lengths in one call), and the token counts are as even as consecutive cuts allow."""
+    lens = [40, 10, 10, 10, 10] * 5  # 200 tokens of each length
+    groups = split_by_token_budget(lens, 200, 1)
+    assert sorted(sorted({lens[i] for i in g}) for g in groups) == [[10], [40]]
+    assert [sum(lens[i] for i in g) for g in groups] == [200, 200]
+    groups = split_by_token_budget(lens, 400, 4)  # more micro-batches than the budget needs
+    # 40 x 5 then 10 x 20 in four consecutive runs: at best 120 tokens in the largest (40 x 3)
+    assert len(groups) == 4 and max(sum(lens[i] for i in g) for g in groups) == 120
+    assert split_by_token_budget([5] * 5, 100, 4) == [[0], [1], [2, 3], [4]]  # halved where n_mbs asks for more
+
+
 def test_split_without_budget_and_over_budget():
     assert split_by_token_budget([3, 4, 5], None, 1) == [[0, 1, 2]]
     assert sorted(map(sorted, split_by_token_budget([3, 4, 5], None, 3))) == [[0], [1], [2]]
