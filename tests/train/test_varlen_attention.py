@@ -151,7 +151,8 @@ def test_output_and_gradients_keep_the_token_major_layout_of_the_projections():
     """q/k/v arrive as transposed views of the projections' [1, N, H*D] outputs: the output
     comes back contiguous as [1, N, H, D] and each gradient in its input's layout, so neither
     the o_proj input nor the q/k/v projections' gradients need a copy."""
-    n, lens = sum(LENS), LENS
+    lens = [*LENS, 30, 30, 30]  # a uniform run too: [rows, L] views of the row
+    n = sum(lens)
     proj = [torch.randn(1, n, h * 8, requires_grad=True) for h in (4, 2, 2)]
     q, k, v = (p.view(1, n, -1, 8).transpose(1, 2) * 1.0 for p in proj)  # token-major, like rotary's output
     grads = {}
