@@ -7,8 +7,7 @@ steps, at most 12), fewer SFT and RL steps. The reward is exact, so it rises onl
 sampled tokens reach the trainer with advantages of the right sign and the weight sync puts
 the new policy on the server; a flipped policy-gradient sign drives the reward down instead.
 
-The learning rate is the job's earlier 1e-3 (the job now runs 7e-4, safer over 100 steps;
-these 32 steps were measured at 1e-3). The job's overlong penalty is off here: on this run's 96-token budget (and 16 steps, when it
+The job's overlong penalty is off here: on this run's 96-token budget (and 16 steps, when it
 was measured) it reversed learning (0.320 -> 0.309 with it, 0.375 -> 0.574 without). In a group where no
 answer is right, a rambling answer's -1 gives every short wrong answer a positive advantage,
 which a warm start as weak as this one follows; the full job, on 360 tokens, learns better
@@ -17,8 +16,11 @@ with it (docs/production.md, the reasoning job).
 SFT and sampling are seeded, and no timing is asserted (the timeouts only bound a hung run on
 a loaded machine). 32 steps of 64 answers, averaged over 8 steps at each end: 16 steps and 4
 were too few, a working loop's rise over them ranging from +0.01 to +0.24 across sampling
-seeds. Over 32 the rise was +0.19 with the default seed and +0.12 to +0.30 with seeds 0-3,
-against the margin of 0.1; with the sign flipped the reward fell (0.139 -> 0.000).
+seeds. At the job's lr 7e-4 the rise over 32 was +0.16 with the default sampling seed and
++0.26 and +0.11 with seeds 0 and 1, against the margin of 0.05; with the sign flipped the
+reward fell 0.182 -> 0.000 (at lr 1e-3: 0.139 -> 0.000). At 1e-3 this run's default trajectory
+collapsed (0.215 -> 0.092) after a change of float summation order alone, and learnt again when
+the attention scale moved by 2^-22: docs/production.md, the reasoning job.
 
 The trainer computes in fp32 on every device. With a bf16 trainer on CUDA this run did not
 learn over 16 steps (0.348 -> 0.328 on one H200; fp32 there: 0.320 -> 0.512; a bf16 trainer on
@@ -42,7 +44,7 @@ TASK = ["train_dataset.median_steps=3", "train_dataset.max_steps=12", "train_dat
 SFT_STEPS = 100  # leaves the format learnt and whole answers unreliable (held-out pass@1 0.41 at temperature 1)
 STEPS = 32
 WINDOW = 8  # steps averaged at each end
-MARGIN = 0.1  # required rise of the mean batch reward (a working loop: +0.12 to +0.30; the sign flipped: -0.14)
+MARGIN = 0.05  # required rise of the mean batch reward (lr 7e-4: +0.11 to +0.26 working; -0.18 sign flipped)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
@@ -72,7 +74,7 @@ def test_grpo_makes_the_warm_started_walk_reliable(dtype, tmp_path, tiny_model_d
     rows = run_example(tmp_path, sft_dir, "reasoning", [
         f"total_train_steps={STEPS}", *TASK, "train_dataset.batch_size=8", "gconfig.max_new_tokens=96",
         "actor.ppo_n_minibatches=1", "launcher.setup_commands=[]", f"actor.dtype={dtype}",
-        "actor.overlong_tokens=null", "actor.optimizer.lr=0.001",  # see the module docstring
+        "actor.overlong_tokens=null",  # see the module docstring
     ], config=CONFIG, timeout=500)  # fmt: skip
     rewards = [r["reward"] for r in rows if "reward" in r]
     assert len(rewards) == STEPS
