@@ -5,9 +5,9 @@ cache); new groups go to the healthy server with the least outstanding work (tok
 generation budget in flight). A server that fails is taken out of rotation and its groups
 are re-routed; the client probes it and it rejoins when healthy (health.py).
 
-The pool also knows each server's context length and hands out a future per server that
-resolves when it leaves the rotation, so a request in flight to a hung server is abandoned
-at once (`left_rotation`). Used only from the rollout event loop, so it needs no locks.
+The pool also knows each server's context length, and abandons a call in flight to a server
+the moment it leaves the rotation (`unless_left`), so a hung server does not hold it until its
+timeout. Used only from the rollout event loop, so it needs no locks.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ class ServerPool:
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._tiebreak = itertools.count()
         self._context_length: dict[str, int | None] = {}
-        self._left: dict[str, asyncio.Future] = {}
         self._waiters: dict[str, set[asyncio.Future]] = {}  # one per `unless_left` call in flight, by server
         self.failovers = 0  # servers taken out of rotation so far
 
@@ -89,7 +88,6 @@ class ServerPool:
 
     def mark_up(self, address: str) -> None:
         self._healthy.add(address)
-        self._left.pop(address, None)
 
     def take_out(self, address: str, reason: str) -> None:
         """Take `address` out of rotation (counted, logged) and abandon the requests in flight to it."""
@@ -98,28 +96,16 @@ class ServerPool:
         logger.warning("taking server %s out of rotation: %s", address, reason)
         self.mark_down(address)
         self.failovers += 1
-        future = self._left.pop(address, None)
-        if future is not None and not future.done():
-            future.set_result(None)
         for waiter in self._waiters.pop(address, ()):
             _wake(waiter)
-
-    def left_rotation(self, address: str) -> asyncio.Future:
-        """A future that resolves when `address` leaves the rotation (already, if it has)."""
-        future = self._left.get(address)
-        if future is None:
-            future = self._left[address] = asyncio.get_running_loop().create_future()
-            if not self.is_healthy(address):
-                future.set_result(None)
-        return future
 
     async def unless_left(self, address: str, call: Awaitable[T]) -> T | None:
         """`call`'s result, or None (the call cancelled) once `address` leaves the rotation first:
         a server cut off mid-call would otherwise hold it until the call's own timeout.
 
-        Each call waits on a future of its own that `take_out` resolves, not on the shared
-        `left_rotation` future: a future's done callbacks are a list that every removal scans,
-        so thousands of calls in flight to one server would each pay for all the others."""
+        Each call waits on a future of its own that `take_out` resolves, not on one future
+        per server: a future's done callbacks are a list that every removal scans, so
+        thousands of calls in flight to one server would each pay for all the others."""
         task = asyncio.ensure_future(call)
         if not self.is_healthy(address):
             task.cancel()

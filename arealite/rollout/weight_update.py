@@ -201,12 +201,13 @@ class WeightUpdater:
         server would otherwise hold it until its timeout)."""
         if not self._pool.is_healthy(address):  # awaiting weights: out of rotation by design
             return await self._post(address, path, body, self._dist_timeout, _DIST_SETTING)
-        call = asyncio.ensure_future(self._post(address, path, body, self._dist_timeout, _DIST_SETTING))
-        await asyncio.wait((call, self._pool.left_rotation(address)), return_when=asyncio.FIRST_COMPLETED)
-        if not call.done():
-            call.cancel()
+
+        async def posted() -> bool:
+            await self._post(address, path, body, self._dist_timeout, _DIST_SETTING)
+            return True
+
+        if await self._pool.unless_left(address, posted()) is None:
             raise WeightUpdateError(f"POST {path} abandoned: the server left the rotation", address)
-        return call.result()
 
     async def ainit_group(self, meta: WeightUpdateMeta, members: list[str] | None = None) -> None:
         """Have server i of `members` (default: all) join the trainer's group as rank 1 + i."""
