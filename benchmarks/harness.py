@@ -15,6 +15,7 @@ paired ratios; a reader sees the noise next to the figure.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import json
 import os
@@ -65,12 +66,13 @@ def settle() -> None:
     a timing the same way). Called by every side of a comparison alike."""
     gc.collect()
     gc.freeze()
-    if not _settled:  # at exit the frozen objects are collected as usual (extensions check for leaks)
-        atexit.register(gc.unfreeze)
-        _settled.append(True)
+    _unfreeze_at_exit()
 
 
-_settled: list[bool] = []
+@functools.cache
+def _unfreeze_at_exit() -> None:
+    """Once: at exit the frozen objects are collected as usual (extensions check for leaks)."""
+    atexit.register(gc.unfreeze)
 
 
 # ---- context lines -------------------------------------------------------------------------
