@@ -5,8 +5,9 @@
 Throughput (`async_speedup.py`) says how fast samples are trained; this says how soon a job
 is good. Each repeat runs both documented jobs once, in alternating order, as a user starts
 them (`python -m arealite.launcher.local examples/gsm8k_grpo.py --config CFG`):
-`configs/tiny_cpu_reasoning.yaml` (synchronous, lr 1e-3, 100 steps) and
-`configs/tiny_cpu_reasoning_async.yaml` (staleness <= 2, decoupled loss, lr 3e-4, 300 steps),
+`configs/tiny_cpu_reasoning.yaml` (synchronous, 100 steps) and
+`configs/tiny_cpu_reasoning_async.yaml` (staleness <= 2, decoupled loss, a smaller learning
+rate for 300 steps),
 each with the settings it is documented with. The runs evaluate nothing while they train
 (`evaluator.freq_steps=0`), so their clocks hold training only, and keep every weight
 version they upload (`weight_keep_versions`). Afterwards, off the clock, one built-in server
