@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -242,6 +243,11 @@ def main(argv: list[str] | None = None) -> None:
     if parent is not None:  # started by launch_server_process: stop (SIGTERM, graceful) once it is gone
         watch_parent(parent, lambda: os.kill(os.getpid(), signal.SIGTERM))
     state = build_state(args)
+    # What startup built (imports, model, tokenizer) lives as long as the server; frozen, it
+    # leaves the collector, so a full collection while serving, which stalls every request in
+    # flight, scans only what serving made.
+    gc.collect()
+    gc.freeze()
     state.scheduler.start()
 
     async def run() -> None:
