@@ -13,9 +13,12 @@ Three measurements, one run:
 3. The overhead against a real built-in server (tiny model unless --model-path): the same
    `--in-flight` greedy requests of `--max-new-tokens` tokens (deterministic: both sides
    get the same tokens, so the server does the same work) sent
-   - raw: bare aiohttp `post` + JSON parse of every request, gathered, and
+   - raw: a bare POST + JSON parse of every request, gathered, over the client's own HTTP
+     connection pool (`arealite.rollout.http1.ConnectionPool`, the cheapest client here), and
    - orchestrated: `rollout_batch` with a workflow that turns the replies into a padded
      trajectory batch (the path a training script takes),
+   - and, for reference, the same bare loop over an aiohttp `ClientSession` (what a script
+     without arealite would use): its client CPU is printed beside, not in the figure,
    `--pairs` times each, alternating which goes first; a timed run is `--batches` rounds of
    them, so that a run's CPU seconds are large next to psutil's 10 ms clock tick and to the
    run-to-run noise of a few milliseconds of client CPU.
@@ -34,9 +37,9 @@ are printed next to it for that, and the paired wall-time overhead too. Target: 
 narrower than 1 point.
 
 Equal conditions for 3.: both sides run on the same kind of event loop thread with the
-same kind of session (`arealite.rollout.loop.EventLoopThread`,
-`arealite.rollout.transport.make_session`), created once and warmed with a full-size run
-(every connection open), reused for every run; the server has its own CPU (the first of
+same connection pool (`arealite.rollout.loop.EventLoopThread`,
+`arealite.rollout.http1.ConnectionPool` with `transport.KEEPALIVE_S`), created once and warmed
+with a full-size run (every connection open), reused for every run; the server has its own CPU (the first of
 ours, 1 torch thread, CPU only) and the client the others. The tiny model is the worst case for the
 ratio: its generation costs ~50 us per token, a real model's far more, while the client's
 cost per token stays the same.
@@ -203,9 +206,12 @@ def server_overhead(
 ) -> dict[str, list[float]]:
     """Per-run wall, client CPU and server CPU seconds of the raw and orchestrated sides, `pairs` each;
     a run is `batches` rounds of `in_flight` requests, one after the other."""
+    import aiohttp
+
+    from arealite.rollout.http1 import ConnectionPool
     from arealite.rollout.loop import EventLoopThread
     from arealite.rollout.protocol import generate_body
-    from arealite.rollout.transport import make_session
+    from arealite.rollout.transport import KEEPALIVE_S
 
     group = 4
     workflow, gconfig = bench_workflow(group, max_new_tokens, 0.0)  # greedy: the same tokens on both sides
@@ -215,12 +221,19 @@ def server_overhead(
     raw_loop = EventLoopThread("raw-client")  # the same machinery the engine runs on
     raw_loop.start()
 
-    async def open_session():
-        return make_session()
+    async def open_clients():
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
+        return ConnectionPool(KEEPALIVE_S), aiohttp.ClientSession(connector=connector)
 
-    session = raw_loop.run(open_session())
+    pool, session = raw_loop.run(open_clients())
 
     async def raw_all() -> None:
+        async def one(body: dict) -> None:
+            json.loads((await pool.request("POST", address, "/generate", json.dumps(body).encode(), None))[1])
+
+        await asyncio.gather(*(one(b) for b in bodies))
+
+    async def aiohttp_all() -> None:
         async def one(body: dict) -> None:
             async with session.post(f"http://{address}/generate", json=body) as resp:
                 json.loads(await resp.read())
@@ -246,17 +259,22 @@ def server_overhead(
         for _ in range(batches):
             engine.rollout_batch(data, workflow)
 
-    sides = {"raw": raw_run, "orchestrated": orchestrated_run}
+    def aiohttp_run() -> None:
+        for _ in range(batches):
+            raw_loop.run(aiohttp_all())
+
+    sides = {"raw": raw_run, "orchestrated": orchestrated_run, "aiohttp": aiohttp_run}
     keys = ("", "_cpu", "_server_cpu", "_steps")
     out: dict[str, list[float]] = {f"{n}{x}": [] for n in sides for x in keys}
     try:
-        for fn in sides.values():  # warm up: every connection of both sessions open, allocators warm
+        for fn in sides.values():  # warm up: every connection of every client open, allocators warm
             fn()
         for i in range(pairs):
             for name in harness.order(i, list(sides)):
                 for x, value in zip(keys, timed(sides[name])):
                     out[f"{name}{x}"].append(value)
     finally:
+        raw_loop.run(pool.close())
         raw_loop.run(session.close())
         raw_loop.stop()
         engine.destroy()
@@ -355,9 +373,11 @@ def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
         f"{args.batches} rounds per run, {args.pairs} pairs:"
     )
     requests = args.in_flight * args.batches
-    for name in ("raw", "orchestrated"):
+    for name in ("raw", "orchestrated", "aiohttp"):
         per = [c / requests * 1e3 for c in m[name + "_cpu"]]
         print(f"  {name:<12} client CPU ms per request: {harness.spread(per, '.3f')}")
+    ratio = [o / a for o, a in zip(m["orchestrated_cpu"], m["aiohttp_cpu"])]
+    print(f"  orchestrated client CPU / bare aiohttp client CPU (paired; reference): {harness.spread(ratio, '.3f')}")
     for name in ("raw", "orchestrated"):
         print(f"  {name:<12} wall s: {harness.spread(m[name], '.3f')}")
         print(f"  {name:<12} client CPU s: {harness.spread(m[name + '_cpu'], '.3f')}")

@@ -132,19 +132,25 @@ def test_workflow_errors_surface_in_wait(two_servers):
 
 
 def test_destroy_fails_a_waiting_rollout_batch(two_servers):
+    """The batch (200 episodes, two at a time, of up to 400 tokens) takes many seconds; destroy
+    comes once its first episode runs, so the batch cannot have finished before it."""
     engine = make_engine(two_servers, max_concurrent_rollouts=2)
+    workflow = ScriptedRewardWorkflow()
     outcome: dict = {}
 
     def run() -> None:
         try:
-            engine.rollout_batch(records(6, budget=400), ScriptedRewardWorkflow())
+            engine.rollout_batch(records(200, budget=400), workflow)
             outcome["result"] = "returned"
         except (concurrent.futures.CancelledError, RolloutWorkflowError) as e:
             outcome["result"] = type(e).__name__
 
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 60
+    while workflow.max_active == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert workflow.max_active > 0, "no episode started within 60 s"
     engine.destroy()
     worker.join(timeout=30)
     assert not worker.is_alive(), "rollout_batch hung after destroy()"

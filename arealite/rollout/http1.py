@@ -1,0 +1,278 @@
+"""`ConnectionPool`: a minimal HTTP/1.1 client for the rollout client's JSON calls.
+
+One request at a time per connection, keep-alive connections pooled per address (no cap;
+idle ones closed after `keepalive_s`), bodies framed by Content-Length or chunked, or read
+to the close. Plain `http://host:port` only: no TLS, proxies, redirects, cookies or
+compression (nothing is asked for, so a server sends none). Every request is bounded by one
+deadline over connecting, sending and the whole reply. A request that fails on a pooled
+connection before any byte of a reply (the server closed it while idle) is sent once more on
+a new connection. Errors are `OSError`s (`ConnectionError` for a lost connection,
+`HTTPProtocolError` for a malformed reply) or `asyncio.TimeoutError`.
+
+Why not aiohttp's client: a request there holds some fifty tracked objects (response, parser,
+timers, traces, futures) for as long as it is in flight, which the garbage collector scans
+over and over when thousands are in flight (benchmarks/README.md, `scale.py` (c)); here a
+request in flight is one protocol object and one future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+MAX_HEAD_BYTES = 65536  # status line and headers together
+
+
+class HTTPProtocolError(OSError):
+    """The peer's reply is not HTTP/1.x as this client reads it."""
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """`host:port` or `[v6]:port` -> (host, port); ValueError naming the address otherwise."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"server address {address!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; `reply` is the future of the response being read, if any."""
+
+    __slots__ = ("address", "transport", "reply", "buf", "head", "received", "closed", "idle_since")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.transport: asyncio.Transport | None = None
+        self.reply: asyncio.Future | None = None
+        self.buf = bytearray()
+        self.head: tuple[int, int, bool, bool] | None = None  # status, length (-1: none), chunked, keep-alive
+        self.received = False  # any byte of the current reply
+        self.closed = False
+        self.idle_since = 0.0
+
+    # ---- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.reply is None or self.reply.done():
+            self._fail(HTTPProtocolError(f"{self.address} sent {len(data)} bytes outside a reply"))
+            return
+        self.received = True
+        self.buf += data
+        try:
+            self._parse(eof=False)
+        except HTTPProtocolError as e:
+            self._fail(e)
+
+    def eof_received(self) -> bool:
+        if self.reply is not None and not self.reply.done():
+            try:
+                self._parse(eof=True)
+            except HTTPProtocolError as e:
+                self._fail(e)
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        reply = self.reply
+        if reply is not None and not reply.done():
+            reply.set_exception(ConnectionError(f"{self.address} closed the connection" + (f": {exc}" if exc else "")))
+
+    # ---- the client side
+
+    def send(self, data: bytes, reply: asyncio.Future) -> None:
+        self.reply, self.head, self.received = reply, None, False
+        self.buf.clear()
+        self.transport.write(data)  # type: ignore[union-attr]
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _fail(self, error: Exception) -> None:
+        reply = self.reply
+        if reply is not None and not reply.done():
+            reply.set_exception(error)
+        self.abort()
+
+    def _parse(self, eof: bool) -> None:
+        buf = self.buf
+        if self.head is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > MAX_HEAD_BYTES:
+                    raise HTTPProtocolError(f"{self.address} sent a reply head over {MAX_HEAD_BYTES} bytes")
+                if eof:
+                    raise ConnectionError(f"{self.address} closed the connection inside a reply head")
+                return
+            self.head = _parse_head(bytes(buf[:end]), self.address)
+            del buf[: end + 4]
+        status, length, chunked, keep = self.head
+        if chunked:
+            body = _dechunk(buf, self.address)
+            if body is None:
+                if eof:
+                    raise ConnectionError(f"{self.address} closed the connection inside a chunked body")
+                return
+        elif length >= 0:
+            if len(buf) < length:
+                if eof:
+                    raise ConnectionError(f"{self.address} closed the connection {length - len(buf)} bytes short")
+                return
+            body = bytes(buf[:length])
+            keep = keep and len(buf) == length
+        elif eof:
+            body, keep = bytes(buf), False
+        else:
+            return
+        buf.clear()
+        self.reply.set_result((status, body, keep))  # type: ignore[union-attr]
+
+
+def _parse_head(head: bytes, address: str) -> tuple[int, int, bool, bool]:
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        raise HTTPProtocolError(f"{address} sent {lines[0][:80]!r}, not an HTTP/1.x status line")
+    status, keep = int(parts[1]), parts[0] == b"HTTP/1.1"
+    length, chunked = -1, False
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            raise HTTPProtocolError(f"{address} sent a malformed header line {line[:80]!r}")
+        name = name.strip().lower()
+        if name == b"content-length":
+            value = value.strip()
+            if not value.isdigit():
+                raise HTTPProtocolError(f"{address} sent Content-Length {value[:40]!r}")
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = value.strip().lower().endswith(b"chunked")
+        elif name == b"connection":
+            tokens = value.strip().lower()
+            keep = b"close" not in tokens and (keep or b"keep-alive" in tokens)
+    if status in (204, 304) or 100 <= status < 200:
+        length, chunked = 0, False
+    return status, length, chunked, keep
+
+
+def _dechunk(buf: bytearray, address: str) -> bytes | None:
+    """The body of a complete chunked encoding in `buf`, or None while it is incomplete."""
+    out, pos = bytearray(), 0
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        size_field = bytes(buf[pos:eol]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_field, 16)
+        except ValueError:
+            raise HTTPProtocolError(f"{address} sent a chunk size {size_field[:20]!r}") from None
+        pos = eol + 2
+        if size == 0:
+            end = buf.find(b"\r\n\r\n", pos - 2)  # trailers, if any, end with an empty line
+            return bytes(out) if end >= 0 else None
+        if len(buf) < pos + size + 2:
+            return None
+        out += buf[pos : pos + size]
+        pos += size + 2
+
+
+class ConnectionPool:
+    """Pooled HTTP/1.1 connections on the running event loop; see the module docstring."""
+
+    def __init__(self, keepalive_s: float) -> None:
+        self.keepalive_s = keepalive_s
+        self.clock = time.monotonic  # replaceable in tests
+        self._idle: dict[str, deque[_Connection]] = {}
+        self._all: set[_Connection] = set()
+        self._closed = False
+
+    async def request(
+        self, method: str, address: str, path: str, body: bytes | None, timeout: float | None
+    ) -> tuple[int, bytes]:
+        """(status, body) of one request; OSError or TimeoutError (see the module docstring)."""
+        if self._closed:
+            raise RuntimeError("the connection pool is closed")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        head = f"{method} {path} HTTP/1.1\r\nHost: {address}\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        data = (head + "\r\n").encode("latin-1") + (body or b"")
+        for attempt in (0, 1):
+            conn = self._take(address)
+            pooled = conn is not None
+            if conn is None:
+                conn = await self._connect(loop, address, deadline)
+            try:
+                status, payload, keep = await self._exchange(loop, conn, data, deadline)
+            except ConnectionError:
+                self._drop(conn)
+                if pooled and not conn.received and attempt == 0:
+                    continue  # closed by the server while idle: once more, on a new connection
+                raise
+            except BaseException:  # a timeout, a malformed reply, a cancellation: the state is unknown
+                self._drop(conn)
+                raise
+            if keep and not conn.closed and not self._closed:
+                conn.reply = None
+                conn.idle_since = self.clock()
+                self._idle.setdefault(address, deque()).append(conn)
+            else:
+                self._drop(conn)
+            return status, payload
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        self._closed = True
+        for conn in list(self._all):
+            conn.abort()
+        self._all.clear()
+        self._idle.clear()
+
+    def _take(self, address: str) -> _Connection | None:
+        idle = self._idle.get(address)
+        now = self.clock()
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and now - conn.idle_since < self.keepalive_s:
+                return conn
+            self._drop(conn)
+        return None
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, address: str, deadline: float | None) -> _Connection:
+        host, port = split_address(address)
+        remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+        _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Connection(address), host, port), remaining)
+        if self._closed:
+            conn.abort()
+            raise RuntimeError("the connection pool is closed")
+        self._all.add(conn)
+        return conn
+
+    @staticmethod
+    async def _exchange(
+        loop: asyncio.AbstractEventLoop, conn: _Connection, data: bytes, deadline: float | None
+    ) -> tuple[int, bytes, bool]:
+        reply = loop.create_future()
+        timer = None if deadline is None else loop.call_at(deadline, _expire, reply)
+        try:
+            conn.send(data, reply)
+            return await reply
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _drop(self, conn: _Connection) -> None:
+        conn.abort()
+        self._all.discard(conn)
+
+
+def _expire(reply: asyncio.Future) -> None:
+    if not reply.done():
+        reply.set_exception(asyncio.TimeoutError())
