@@ -78,10 +78,8 @@ class SampleGenerator:
                 resp.stop_reason = "length"  # the context is full
                 break
             try:
-                call = self._generate_once(address, prompt, req, now_budget, resp.output_len, lora_name)
-                chunk = await self._pool.unless_left(address, call)  # a hung server never closes the connection
-                if chunk is None:
-                    raise TransientServerError("server left the rotation during the request", address, req.rid)
+                # a server taken out of rotation meanwhile fails the request at once (ServerPool.on_take_out)
+                chunk = await self._generate_once(address, prompt, req, now_budget, resp.output_len, lora_name)
             except TransientServerError as e:
                 failures = await self._after_failure(address, e, failures)
                 continue

@@ -6,8 +6,10 @@ to the close. Plain `http://host:port` only: no TLS, proxies, redirects, cookies
 compression (nothing is asked for, so a server sends none). Every request is bounded by one
 deadline over connecting, sending and the whole reply. A request that fails on a pooled
 connection before any byte of a reply (the server closed it while idle) is sent once more on
-a new connection. Errors are `OSError`s (`ConnectionError` for a lost connection,
-`HTTPProtocolError` for a malformed reply) or `asyncio.TimeoutError`.
+a new connection. `abandon(address)` fails every request in flight to a server at once (the
+rollout client's `ServerPool` calls it when the server leaves the rotation). Errors are
+`OSError`s (`ConnectionError` for a lost connection, `HTTPProtocolError` for a malformed
+reply, `RequestAbandoned`) or `asyncio.TimeoutError`.
 
 Why not aiohttp's client: a request there holds some fifty tracked objects (response, parser,
 timers, traces, futures) for as long as it is in flight, which the garbage collector scans
@@ -18,6 +20,7 @@ request in flight is one protocol object and one future.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 
@@ -190,12 +193,13 @@ class ConnectionPool:
         self.clock = time.monotonic  # replaceable in tests
         self._idle: dict[str, deque[_Connection]] = {}
         self._all: set[_Connection] = set()
+        self._flight: dict[str, set[asyncio.Future]] = {}  # by address: what its requests in flight wait on
         self._closed = False
 
     async def request(
         self, method: str, address: str, path: str, body: bytes | None, timeout: float | None
     ) -> tuple[int, bytes]:
-        """(status, body) of one request; OSError or TimeoutError (see the module docstring)."""
+        """(status, body) of one request; OSError or asyncio.TimeoutError (see the module docstring)."""
         if self._closed:
             raise RuntimeError("the connection pool is closed")
         loop = asyncio.get_running_loop()
@@ -204,21 +208,32 @@ class ConnectionPool:
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         data = (head + "\r\n").encode("latin-1") + (body or b"")
+        flight = self._flight.get(address)
+        if flight is None:
+            flight = self._flight[address] = set()
         for attempt in (0, 1):
             conn = self._take(address)
             pooled = conn is not None
             if conn is None:
-                conn = await self._connect(loop, address, deadline)
+                conn = await self._connect(loop, address, deadline, flight)
+            reply = loop.create_future()
+            timer = None if deadline is None else loop.call_at(deadline, _expire, reply)
+            flight.add(reply)
             try:
-                status, payload, keep = await self._exchange(loop, conn, data, deadline)
+                conn.send(data, reply)
+                status, payload, keep = await reply
             except ConnectionError:
                 self._drop(conn)
                 if pooled and not conn.received and attempt == 0:
                     continue  # closed by the server while idle: once more, on a new connection
                 raise
-            except BaseException:  # a timeout, a malformed reply, a cancellation: the state is unknown
+            except BaseException:  # a timeout, abandonment, a malformed reply, a cancellation: state unknown
                 self._drop(conn)
                 raise
+            finally:
+                flight.discard(reply)
+                if timer is not None:
+                    timer.cancel()
             if keep and not conn.closed and not self._closed:
                 conn.reply = None
                 conn.idle_since = self.clock()
@@ -227,6 +242,13 @@ class ConnectionPool:
                 self._drop(conn)
             return status, payload
         raise AssertionError("unreachable")
+
+    def abandon(self, address: str, reason: str) -> None:
+        """Fail every request in flight to `address` now with RequestAbandoned(reason), connecting
+        or waiting for its reply (their connections are closed)."""
+        for waiter in list(self._flight.get(address, ())):
+            if not waiter.done():
+                waiter.set_exception(RequestAbandoned(f"{address}: {reason}"))
 
     async def close(self) -> None:
         self._closed = True
@@ -245,34 +267,52 @@ class ConnectionPool:
             self._drop(conn)
         return None
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop, address: str, deadline: float | None) -> _Connection:
+    async def _connect(
+        self, loop: asyncio.AbstractEventLoop, address: str, deadline: float | None, flight: set[asyncio.Future]
+    ) -> _Connection:
         host, port = split_address(address)
-        remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
-        _, conn = await asyncio.wait_for(loop.create_connection(lambda: _Connection(address), host, port), remaining)
+        ready = loop.create_future()  # what abandon() and the deadline fail; the connect task may finish later
+        task = loop.create_task(loop.create_connection(lambda: _Connection(address), host, port))
+        task.add_done_callback(functools.partial(_connected, ready))
+        timer = None if deadline is None else loop.call_at(deadline, _expire, ready)
+        flight.add(ready)
+        try:
+            conn = await ready
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            flight.discard(ready)
+            if timer is not None:
+                timer.cancel()
         if self._closed:
             conn.abort()
             raise RuntimeError("the connection pool is closed")
         self._all.add(conn)
         return conn
 
-    @staticmethod
-    async def _exchange(
-        loop: asyncio.AbstractEventLoop, conn: _Connection, data: bytes, deadline: float | None
-    ) -> tuple[int, bytes, bool]:
-        reply = loop.create_future()
-        timer = None if deadline is None else loop.call_at(deadline, _expire, reply)
-        try:
-            conn.send(data, reply)
-            return await reply
-        finally:
-            if timer is not None:
-                timer.cancel()
-
     def _drop(self, conn: _Connection) -> None:
         conn.abort()
         self._all.discard(conn)
 
 
-def _expire(reply: asyncio.Future) -> None:
-    if not reply.done():
-        reply.set_exception(asyncio.TimeoutError())
+class RequestAbandoned(OSError):
+    """`ConnectionPool.abandon` gave up on the request (its server left the rotation)."""
+
+
+def _connected(ready: asyncio.Future, task: asyncio.Task) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if ready.done():  # given up meanwhile: a connection made anyway is closed
+        if error is None:
+            task.result()[1].abort()
+    elif error is not None:
+        ready.set_exception(error)
+    else:
+        ready.set_result(task.result()[1])
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(asyncio.TimeoutError())

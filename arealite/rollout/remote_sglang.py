@@ -66,6 +66,7 @@ class RemoteSGLangEngine:
         self._loop = EventLoopThread()
         self.transport = transport or Transport()
         self.gate = VersionGate()
+        self.pool.on_take_out.append(self.transport.abandon)  # requests in flight to it fail at once
         self.health = HealthMonitor(self.transport, self.pool, self.gate, config, rejoin=self._rejoin)
         self.weights = WeightUpdater(self.transport, self.pool, config, self.health)
         diagnose = Diagnosis(self.transport, self.pool, self.gate, config, self.weights.awaiting)

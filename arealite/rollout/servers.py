@@ -5,9 +5,10 @@ cache); new groups go to the healthy server with the least outstanding work (tok
 generation budget in flight). A server that fails is taken out of rotation and its groups
 are re-routed; the client probes it and it rejoins when healthy (health.py).
 
-The pool also knows each server's context length, and abandons a call in flight to a server
-the moment it leaves the rotation (`unless_left`), so a hung server does not hold it until its
-timeout. Used only from the rollout event loop, so it needs no locks.
+The pool also knows each server's context length, and abandons what is in flight to a server
+the moment it leaves the rotation, so a hung server does not hold it until its timeout: calls
+wrapped in `unless_left`, and through `on_take_out` every HTTP request (the transport's
+`abandon`). Used only from the rollout event loop, so it needs no locks.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class ServerPool:
         self._tiebreak = itertools.count()
         self._context_length: dict[str, int | None] = {}
         self._waiters: dict[str, set[asyncio.Future]] = {}  # one per `unless_left` call in flight, by server
+        self.on_take_out: list[Callable[[str, str], None]] = []  # called with (address, reason) by take_out
         self.failovers = 0  # servers taken out of rotation so far
 
     @property
@@ -98,6 +100,8 @@ class ServerPool:
         self.failovers += 1
         for waiter in self._waiters.pop(address, ()):
             _wake(waiter)
+        for hook in self.on_take_out:
+            hook(address, reason)
 
     async def unless_left(self, address: str, call: Awaitable[T]) -> T | None:
         """`call`'s result, or None (the call cancelled) once `address` leaves the rotation first:

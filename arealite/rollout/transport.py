@@ -41,6 +41,11 @@ class Transport:
             await self._pool.close()
             self._pool = None
 
+    def abandon(self, address: str, reason: str) -> None:
+        """Fail every request in flight to `address` now (TransientServerError naming `reason`)."""
+        if self._pool is not None:
+            self._pool.abandon(address, f"left the rotation: {reason}")
+
     async def request(
         self,
         method: str,

@@ -36,6 +36,10 @@ class FakeTransport:
     def __init__(self, replies: dict[Any, Reply] | None = None) -> None:
         self.replies: dict[Any, Reply] = dict(replies or {})
         self.calls: list[Call] = []
+        self.abandoned: list[str] = []  # addresses `abandon` was called for (a fake has nothing in flight)
+
+    def abandon(self, address: str, reason: str) -> None:
+        self.abandoned.append(address)
 
     async def open(self) -> None:
         pass

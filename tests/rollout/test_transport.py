@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import pytest
 from aiohttp import web
 
 from arealite.rollout.errors import TransientServerError
-from arealite.rollout.http1 import ConnectionPool, HTTPProtocolError, split_address
+from arealite.rollout.http1 import ConnectionPool, HTTPProtocolError, RequestAbandoned, split_address
 from arealite.rollout.transport import KEEPALIVE_S, Transport
 
 pytestmark = pytest.mark.timeout(60)
@@ -257,3 +258,44 @@ def test_connection_refused_and_a_closed_client_are_clear_errors():
     with pytest.raises(ValueError, match="'localhost' is not host:port"):
         split_address("localhost")
     assert split_address("[::1]:30000") == ("::1", 30000)
+
+
+def test_abandon_fails_requests_in_flight_to_that_server_at_once():
+    """A request waiting for a reply and one whose connection the peer never accepts (its accept
+    queue is full) both fail within a second of `abandon`; a request to another server goes on."""
+
+    async def main() -> None:
+        async def silent(reader, writer, n) -> bool:
+            await asyncio.sleep(30)
+            return False
+
+        server, address = await start_raw(silent)
+        runner, other = await start_app()
+        full = socket.socket()
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        fillers = [socket.create_connection(full.getsockname(), timeout=5)]  # the queue holds one
+        unaccepted = f"127.0.0.1:{full.getsockname()[1]}"
+        pool = ConnectionPool(KEEPALIVE_S)
+        try:
+            waiting = asyncio.ensure_future(pool.request("GET", address, "/", None, 30))
+            connecting = asyncio.ensure_future(pool.request("GET", unaccepted, "/", None, 30))
+            elsewhere = asyncio.ensure_future(pool.request("POST", other, "/echo", b"[1]", 30))
+            await asyncio.sleep(0.3)
+            assert not waiting.done() and not connecting.done()
+            start = time.monotonic()
+            pool.abandon(address, "the test took it out")
+            pool.abandon(unaccepted, "the test took it out")
+            for task in (waiting, connecting):
+                with pytest.raises(RequestAbandoned, match="the test took it out"):
+                    await asyncio.wait_for(task, 1.0)
+            assert time.monotonic() - start < 1.0
+            assert (await elsewhere)[0] == 200
+        finally:
+            await pool.close()
+            server.close()
+            await runner.cleanup()
+            for s in fillers + [full]:
+                s.close()
+
+    run(main())
