@@ -299,3 +299,95 @@ def test_abandon_fails_requests_in_flight_to_that_server_at_once():
                 s.close()
 
     run(main())
+
+
+def test_h11_server_framing_and_its_keepalive_close():
+    """Against h11, the HTTP/1.1 library under uvicorn (SGLang's server): JSON with
+    Content-Length and chunked, and connections the server closes after 0.3 s idle (uvicorn's
+    `timeout_keep_alive` does the same after 5 s) are replaced without an error."""
+    import h11
+
+    ports: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h11.Connection(h11.SERVER)
+        ports.append(writer.get_extra_info("peername")[1])
+        try:
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    try:
+                        data = await asyncio.wait_for(reader.read(65536), 0.3)  # the idle timeout
+                    except asyncio.TimeoutError:
+                        return
+                    conn.receive_data(data)
+                    continue
+                if isinstance(event, h11.ConnectionClosed):
+                    return
+                if isinstance(event, h11.Request):
+                    body = b""
+                    while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+                        if event is h11.NEED_DATA:
+                            conn.receive_data(await reader.read(65536))
+                        elif isinstance(event, h11.Data):
+                            body += event.data
+                    payload = json.dumps({"got": json.loads(body or b"null")}).encode()
+                    chunked = body == b'"chunked"'
+                    headers = [("content-type", "application/json")]
+                    headers.append(
+                        ("transfer-encoding", "chunked") if chunked else ("content-length", str(len(payload)))
+                    )
+                    out = conn.send(h11.Response(status_code=200, headers=headers))
+                    for part in (payload[:5], payload[5:]) if chunked else (payload,):
+                        out += conn.send(h11.Data(data=part))
+                    out += conn.send(h11.EndOfMessage())
+                    writer.write(out)
+                    await writer.drain()
+                    conn.start_next_cycle()
+        finally:
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        transport = Transport()
+        await transport.open()
+        try:
+            for body in ([1, 2], "chunked", {"a": "é"}):
+                assert await transport.request("POST", address, "/generate", body, timeout=10) == (200, {"got": body})
+            assert len(ports) == 1  # one kept-alive connection so far
+            await asyncio.sleep(0.6)  # the server closes it
+            assert (await transport.request("POST", address, "/generate", [3], timeout=10))[1]["got"] == [3]
+            assert len(ports) == 2
+        finally:
+            await transport.close()
+            server.close()
+
+    run(main())
+
+
+def test_replies_arriving_a_byte_at_a_time():
+    """Every split of a reply into reads parses the same: sent one byte per write, with
+    chunk extensions and trailers, then a Content-Length reply on the same connection."""
+    chunked = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\n[1, \r\n3\r\n2]\n\r\n0\r\nX-T: 1\r\n\r\n"
+    )
+
+    async def bytewise(reader, writer, n) -> bool:
+        for i in range(len(reply := chunked if n == 0 else ok_reply(b'{"n": 1}'))):
+            writer.write(reply[i : i + 1])
+            await writer.drain()
+            await asyncio.sleep(0)
+        return True
+
+    async def main() -> None:
+        server, address = await start_raw(bytewise)
+        pool = ConnectionPool(KEEPALIVE_S)
+        try:
+            assert await pool.request("GET", address, "/", None, 10) == (200, b"[1, 2]\n")
+            assert await pool.request("GET", address, "/", None, 10) == (200, b'{"n": 1}')
+        finally:
+            await pool.close()
+            server.close()
+
+    run(main())
