@@ -2,7 +2,7 @@
 
 CPython starts a full collection, which scans every tracked object of the process, after
 `threshold2` collections of the middle generation (10 by default). A request in flight holds
-a few hundred tracked objects (aiohttp's response, parser and timer, futures, tasks) that
+some fifty tracked objects (its coroutines, task, futures, request and response) that
 live long enough to reach the oldest generation, so with thousands in flight full
 collections come often and each scans them all, beside the trainer's own heap: they were
 about a third of the client's CPU at 256 requests in flight and half at 4,096

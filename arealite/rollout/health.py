@@ -9,8 +9,8 @@ Two ways a server leaves the rotation:
   are abandoned (`ServerPool.unless_left`), so a sync is held up by the probes, not by
   `rollout.control_timeout`.
 
-Requests in flight to a server that leaves are abandoned (`ServerPool.unless_left`) and
-resubmitted elsewhere by `agenerate`. Servers out of rotation are probed every
+Requests in flight to a server that leaves fail at once (`ServerPool.on_take_out` ->
+`Transport.abandon`) and are resubmitted elsewhere by `agenerate`. Servers out of rotation are probed every
 `health_check_interval` seconds; one that answers first receives the weights it missed,
 then rejoins (after a broadcast it missed: at the next weight sync, see weight_update.py).
 """

@@ -2,7 +2,7 @@
 
 One request at a time per connection, keep-alive connections pooled per address (no cap;
 idle ones closed after `keepalive_s`), bodies framed by Content-Length or chunked, or read
-to the close. Plain `http://host:port` only: no TLS, proxies, redirects, cookies or
+to the close (docs/protocol.md §1.10). Plain `http://host:port` only: no TLS, proxies, redirects, cookies or
 compression (nothing is asked for, so a server sends none). Every request is bounded by one
 deadline over connecting, sending and the whole reply. A request that fails on a pooled
 connection before any byte of a reply (the server closed it while idle) is sent once more on
@@ -224,7 +224,7 @@ class ConnectionPool:
                 status, payload, keep = await reply
             except ConnectionError:
                 self._drop(conn)
-                if pooled and not conn.received and attempt == 0:
+                if pooled and not conn.received and attempt == 0 and not self._closed:
                     continue  # closed by the server while idle: once more, on a new connection
                 raise
             except BaseException:  # a timeout, abandonment, a malformed reply, a cancellation: state unknown

@@ -1,7 +1,7 @@
 """An asyncio event loop running in its own daemon thread.
 
 The rollout client does all its HTTP and workflow work on this loop, so that the training
-script stays synchronous and one aiohttp session serves every request.
+script stays synchronous and one connection pool (transport.py) serves every request.
 """
 
 from __future__ import annotations
