@@ -10,9 +10,10 @@ Two ways a server leaves the rotation:
   `rollout.control_timeout`.
 
 Requests in flight to a server that leaves fail at once (`ServerPool.on_take_out` ->
-`Transport.abandon`) and are resubmitted elsewhere by `agenerate`. Servers out of rotation are probed every
-`health_check_interval` seconds; one that answers first receives the weights it missed,
-then rejoins (after a broadcast it missed: at the next weight sync, see weight_update.py).
+`Transport.abandon`) and are resubmitted elsewhere by `agenerate`. Servers out of rotation
+are probed every `health_check_interval` seconds; one that answers first receives the
+weights it missed, then rejoins (after a broadcast it missed: at the next weight sync, see
+weight_update.py).
 """
 
 from __future__ import annotations
