@@ -229,7 +229,8 @@ def server_overhead(
 
     async def raw_all() -> None:
         async def one(body: dict) -> None:
-            json.loads((await pool.request("POST", address, "/generate", json.dumps(body).encode(), None))[1])
+            data = json.dumps(body, separators=(",", ":")).encode()  # as the transport encodes it
+            json.loads((await pool.request("POST", address, "/generate", data, None))[1])
 
         await asyncio.gather(*(one(b) for b in bodies))
 

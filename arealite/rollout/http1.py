@@ -68,14 +68,14 @@ class _Connection(asyncio.Protocol):
         self.buf += data
         try:
             self._parse(eof=False)
-        except HTTPProtocolError as e:
+        except OSError as e:  # a malformed reply
             self._fail(e)
 
     def eof_received(self) -> bool:
         if self.reply is not None and not self.reply.done():
             try:
                 self._parse(eof=True)
-            except HTTPProtocolError as e:
+            except OSError as e:  # a malformed or cut-short reply
                 self._fail(e)
         return False  # close the transport
 

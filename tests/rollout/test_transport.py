@@ -59,7 +59,8 @@ async def start_app() -> tuple[web.AppRunner, str]:
 
 
 async def start_raw(handler) -> tuple[asyncio.AbstractServer, str]:
-    """A raw TCP server: `handler(reader, writer, n)` for the n-th request head on a connection."""
+    """A raw TCP server: `handler(writer, path, n)` for the n-th request on a connection, which
+    answers (or not) and says whether to read the next one."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         n = 0
@@ -75,7 +76,7 @@ async def start_raw(handler) -> tuple[asyncio.AbstractServer, str]:
                     0,
                 )
                 await reader.readexactly(length)
-                if not await handler(reader, writer, n):
+                if not await handler(writer, head.split(b" ")[1], n):
                     break
                 n += 1
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -160,7 +161,7 @@ def test_a_pooled_connection_the_server_closed_is_replaced_once():
     On a new connection the same drop is an error, not another try."""
 
     async def main() -> None:
-        async def first_only(reader, writer, n) -> bool:
+        async def first_only(writer, path, n) -> bool:
             if n == 0:
                 writer.write(ok_reply(b'{"n": 0}'))
                 await writer.drain()
@@ -173,7 +174,7 @@ def test_a_pooled_connection_the_server_closed_is_replaced_once():
             for _ in range(3):
                 assert await pool.request("GET", address, "/", None, 10) == (200, b'{"n": 0}')
 
-            async def never(reader, writer, n) -> bool:
+            async def never(writer, path, n) -> bool:
                 return False
 
             server2, address2 = await start_raw(never)
@@ -196,26 +197,16 @@ def test_timeouts_cancellation_and_bad_replies_drop_the_connection():
             b"/close": b"HTTP/1.0 200 OK\r\n\r\nto the end",
         }
 
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            head = await reader.readuntil(b"\r\n\r\n")
-            path = head.split(b" ")[1]
+        async def by_path(writer, path, n) -> bool:
             reply = replies.get(path, ok_reply(b'{"path": "%s"}' % path))
             if reply is None:
                 await asyncio.sleep(30)
-            else:
-                writer.write(reply)
-                await writer.drain()
-            if path in (b"/short", b"/close", b"/garbage"):
-                writer.close()
-                return
-            while True:  # keep-alive for the ordinary paths
-                head = await reader.readuntil(b"\r\n\r\n")
-                path = head.split(b" ")[1]
-                writer.write(ok_reply(b'{"path": "%s"}' % path))
-                await writer.drain()
+                return False
+            writer.write(reply)
+            await writer.drain()
+            return path not in (b"/short", b"/close", b"/garbage")  # keep-alive for the ordinary paths
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        server, address = await start_raw(by_path)
         pool = ConnectionPool(KEEPALIVE_S)
         try:
             start = time.monotonic()
@@ -265,7 +256,7 @@ def test_abandon_fails_requests_in_flight_to_that_server_at_once():
     queue is full) both fail within a second of `abandon`; a request to another server goes on."""
 
     async def main() -> None:
-        async def silent(reader, writer, n) -> bool:
+        async def silent(writer, path, n) -> bool:
             await asyncio.sleep(30)
             return False
 
@@ -373,7 +364,7 @@ def test_replies_arriving_a_byte_at_a_time():
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\n[1, \r\n3\r\n2]\n\r\n0\r\nX-T: 1\r\n\r\n"
     )
 
-    async def bytewise(reader, writer, n) -> bool:
+    async def bytewise(writer, path, n) -> bool:
         for i in range(len(reply := chunked if n == 0 else ok_reply(b'{"n": 1}'))):
             writer.write(reply[i : i + 1])
             await writer.drain()
