@@ -1,17 +1,18 @@
 """The lean runner's KV cache: preallocated rows, written in place, rows moved only when one leaves.
 
-One tensor holds the keys and values of every layer, `[2 * layers, rows, kv_heads, columns,
-head_dim]` (layer l's keys at index 2l, values at 2l + 1). Row r is one running sequence;
-its tokens sit at columns 0..len_r-1, so a token's column is its position id and no row is
-padded on the left. A decode step writes each row's new key/value at column len_r and
-attends over columns 0..max(len)+1 with a mask that hides each row's columns past its own
-length (stale values there are finite: the buffer starts zeroed and only ever holds keys
-and values written by earlier steps, so masked scores underflow to exactly zero).
+Two tensors per cache: values `[layers, rows, kv_heads, columns, head_dim]` and keys the same,
+or with `keys_transposed` `[layers, rows, kv_heads, head_dim, columns]` (the layout the CPU
+decode kernel reads, decode_kernel.py). Row r is one running sequence; its tokens sit at
+columns 0..len_r-1, so a token's column is its position id and no row is padded on the left.
+A decode step writes each row's new key/value at column len_r and attends over columns
+0..len_r (sdpa: over 0..max(len) with a mask that hides each row's columns past its own
+length; stale values there are finite: the buffers start zeroed and only ever hold keys and
+values written by earlier steps, so masked scores underflow to exactly zero).
 
 Compared with transformers' DynamicCache (`torch.cat` per layer per step, and a full copy of
 the cache whenever a row joins or leaves), a step here writes B x kv_heads x head_dim
 numbers per layer, a leaving row costs one row copy (the last row moves into its place,
-so rows change order: `drop` says how), and the buffer grows by doubling, rarely.
+so rows change order: `drop` says how), and the buffers grow by doubling, rarely.
 """
 
 from __future__ import annotations
@@ -24,10 +25,20 @@ MIN_COLUMNS = 256  # first allocation; doubled as sequences grow
 class KVCache:
     """Rows of running sequences; the scheduler's row i is row i here."""
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str):
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        keys_transposed: bool = False,
+    ):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.dtype, self.device = dtype, torch.device(device)
-        self.kv = torch.zeros(2 * layers, 0, kv_heads, 0, head_dim, dtype=dtype, device=self.device)
+        self.keys_transposed = keys_transposed
+        self.k = self._empty(0, 0, keys_transposed)
+        self.v = self._empty(0, 0, False)
         self.lens: list[int] = []  # cached tokens per row (Python: widths need no device sync)
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] the same, on the device
         self._columns = torch.zeros(0, dtype=torch.long, device=self.device)  # arange(columns)
@@ -68,7 +79,11 @@ class KVCache:
             dst = torch.tensor(holes, dtype=torch.long, device=self.device)
             src = torch.tensor(movers, dtype=torch.long, device=self.device)
             width = max(self.lens[m] for m in movers)
-            self.kv[:, dst, :, :width] = self.kv[:, src, :, :width]
+            self.v[:, dst, :, :width] = self.v[:, src, :, :width]
+            if self.keys_transposed:
+                self.k[:, dst, :, :, :width] = self.k[:, src, :, :, :width]
+            else:
+                self.k[:, dst, :, :width] = self.k[:, src, :, :width]
             self.pos[dst] = self.pos[src]
         self.lens = [self.lens[i] for i in order]
         return order
@@ -80,38 +95,45 @@ class KVCache:
     # ---- what the forward reads and writes -------------------------------------------------
 
     def keys(self, layer: int) -> torch.Tensor:
-        return self.kv[2 * layer]
+        """Layer `layer`'s keys as [rows, kv_heads, columns, head_dim] (a strided view when transposed)."""
+        return self.k[layer].transpose(-1, -2) if self.keys_transposed else self.k[layer]
 
     def values(self, layer: int) -> torch.Tensor:
-        return self.kv[2 * layer + 1]
+        return self.v[layer]
 
     def write_prefill(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k/v [n, kv_heads, L, head_dim] of n prompts (right-padded) into rows start..start+n-1."""
         n, length = k.shape[0], k.shape[2]
-        self.kv[2 * layer, start : start + n, :, :length] = k
-        self.kv[2 * layer + 1, start : start + n, :, :length] = v
+        self.keys(layer)[start : start + n, :, :length] = k
+        self.v[layer, start : start + n, :, :length] = v
 
-    def begin_decode(self) -> tuple[torch.Tensor, int, torch.Tensor]:
+    def begin_decode(self, masked: bool = True) -> tuple[torch.Tensor, int, torch.Tensor | None]:
         """Before a decode step: (positions [B] of the incoming tokens, the width to attend
-        over, an additive mask [B, 1, 1, width] hiding each row's columns past its token)."""
+        over, an additive mask [B, 1, 1, width] hiding each row's columns past its token).
+        Without `masked` (the decode kernel writes and masks by itself) the mask is None."""
         width = max(self.lens) + 1
         self._grow(self.size, width)
         pos = self.pos[: self.size]
+        if not masked:
+            return pos, width, None
         hidden = self._columns[None, :width] > pos[:, None]
         mask = torch.zeros(hidden.shape, dtype=self.dtype, device=self.device).masked_fill_(
             hidden, torch.finfo(self.dtype).min
         )
-        # each (row, kv head)'s slot for the new token in a layer's keys seen as [-1, head_dim] rows
+        # each (row, kv head)'s slot for the new token in a layer's values seen as [-1, head_dim] rows
         rows_heads = self._columns[: self.size, None] * self.kv_heads + self._columns[None, : self.kv_heads]
-        self._slots = (rows_heads * self.kv.shape[3] + pos[:, None]).flatten()
+        self._slots = (rows_heads * self.v.shape[3] + pos[:, None]).flatten()
         return pos, width, mask[:, None, None, :]
 
     def write_decode(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k/v [B, kv_heads, head_dim]: each row's new token at its column (the position
         `begin_decode` returned)."""
         d = self.head_dim
-        self.kv[2 * layer].view(-1, d).index_copy_(0, self._slots, k.reshape(-1, d))
-        self.kv[2 * layer + 1].view(-1, d).index_copy_(0, self._slots, v.reshape(-1, d))
+        if self.keys_transposed:
+            self.k[layer][self._columns[: self.size], :, :, self.pos[: self.size]] = k
+        else:
+            self.k[layer].view(-1, d).index_copy_(0, self._slots, k.reshape(-1, d))
+        self.v[layer].view(-1, d).index_copy_(0, self._slots, v.reshape(-1, d))
 
     def end_decode(self) -> None:
         self.lens = [n + 1 for n in self.lens]
@@ -119,17 +141,28 @@ class KVCache:
 
     # ---- capacity --------------------------------------------------------------------------
 
+    @property
+    def columns(self) -> int:
+        """Allocated columns per row."""
+        return self.v.shape[3]
+
+    def _empty(self, rows: int, columns: int, transposed: bool) -> torch.Tensor:
+        last = (self.head_dim, columns) if transposed else (columns, self.head_dim)
+        return torch.zeros(self.layers, rows, self.kv_heads, *last, dtype=self.dtype, device=self.device)
+
     def _grow(self, rows: int, columns: int) -> None:
-        have_rows, have_cols = self.kv.shape[1], self.kv.shape[3]
+        have_rows, have_cols = self.v.shape[1], self.v.shape[3]
         if rows <= have_rows and columns <= have_cols:
             return
         new_rows = max(rows, 2 * have_rows) if rows > have_rows else have_rows
         new_cols = max(columns, 2 * have_cols, MIN_COLUMNS) if columns > have_cols else have_cols
-        kv = torch.zeros(
-            2 * self.layers, new_rows, self.kv_heads, new_cols, self.head_dim, dtype=self.dtype, device=self.device
-        )
-        kv[:, :have_rows, :, :have_cols] = self.kv
+        k, v = self._empty(new_rows, new_cols, self.keys_transposed), self._empty(new_rows, new_cols, False)
+        v[:, :have_rows, :, :have_cols] = self.v
+        if self.keys_transposed:
+            k[:, :have_rows, :, :, :have_cols] = self.k
+        else:
+            k[:, :have_rows, :, :have_cols] = self.k
         pos = torch.zeros(new_rows, dtype=torch.long, device=self.device)
         pos[:have_rows] = self.pos
-        self.kv, self.pos = kv, pos
+        self.k, self.v, self.pos = k, v, pos
         self._columns = torch.arange(max(new_rows, new_cols), device=self.device)
