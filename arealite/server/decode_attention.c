@@ -20,8 +20,17 @@
 #endif
 #define D HEAD_DIM
 #define G GROUP
-#define CH 16 /* columns per score vector */
-#define VU 4  /* independent accumulators over columns in the value sum */
+#if defined(__AVX512F__)
+#define CH 16 /* columns per score vector: the target's vector width, so no op is split */
+#elif defined(__AVX__)
+#define CH 8
+#else
+#define CH 4
+#endif
+/* The value sum keeps G * D floats of accumulators: in VU independent sets over columns (to
+   hide the add latency) while they fit the registers, else tiled over D, CH floats at a time. */
+#define TILE_D (G * D > 16 * CH && D % CH == 0)
+#define VU (G * D <= 8 * CH ? 4 : G * D <= 16 * CH ? 2 : 1)
 
 typedef float vc __attribute__((vector_size(CH * 4)));
 typedef int32_t vci __attribute__((vector_size(CH * 4)));
@@ -53,6 +62,10 @@ INLINE vc exp_neg(vc x) {
     return p * (vc)e;
 }
 
+/* The score vector's width in floats (the target's SIMD width): below 8 the kernel is slower
+   than sdpa (measured with SSE2 only), and decode_kernel.py does not use it. */
+int decode_attention_lanes(void) { return CH; }
+
 /* q: row b's query head (h * G + g) at q + b * q_row + (h * G + g) * D.
    k_new / v_new: row b's kv head h at k_new + b * k_row + h * D (likewise v).
    kt: row b's kv head h keys at kt + b * cache_row + h * cache_head, key w's element d at d * cols + w.
@@ -67,6 +80,8 @@ int decode_attention(const float *q, int64_t q_row, const float *k_new, int64_t 
     vc *s = aligned_alloc(sizeof(vc), sizeof(vc) * G * ((widest + CH - 1) / CH)); /* vector-aligned */ /* s[c * G + g]: chunk c of query g's scores */
     if (s == NULL) return -1;
     const float *sf = (const float *)s;
+    vci iota;
+    for (int j = 0; j < CH; j++) iota[j] = j;
     const float neg_inf = -__builtin_inff();
     for (int64_t b = b0; b < b1; b++) {
         const int64_t at = pos[b], n = at + 1, chunks = (n + CH - 1) / CH;
@@ -97,8 +112,7 @@ int decode_attention(const float *q, int64_t q_row, const float *k_new, int64_t 
                         for (int g = 0; g < G; g++) a[g] += qp[g * D + d] * kd;
                     }
                 }
-                vci live;
-                for (int j = 0; j < CH; j++) live[j] = w0 + j < n ? -1 : 0;
+                const vci live = iota < (int32_t)(n - w0); /* -1 on the row's columns, 0 past them */
                 for (int g = 0; g < G; g++) {
                     const vc x = sel(live, a[g] * scale, (vc){} + neg_inf);
                     s[c * G + g] = x;
@@ -121,6 +135,23 @@ int decode_attention(const float *q, int64_t q_row, const float *k_new, int64_t 
                 inv[g] = 1.0f / t;
             }
 
+            float *op = out + (b * kv_heads + h) * G * D;
+#if TILE_D
+            /* G * D is too many accumulators for the registers: one CH-wide slice of D at a time */
+            for (int t = 0; t < D; t += CH) {
+                vc acc[G];
+                for (int g = 0; g < G; g++) acc[g] = (vc){};
+                for (int64_t w = 0; w < n; w++) {
+                    const vc vw = load_c(vp + w * D + t);
+                    const int64_t c = w / CH, j = w % CH;
+                    for (int g = 0; g < G; g++) acc[g] += sf[(c * G + g) * CH + j] * vw;
+                }
+                for (int g = 0; g < G; g++) {
+                    const vc r = acc[g] * inv[g];
+                    memcpy(op + g * D + t, &r, sizeof r);
+                }
+            }
+#else
             vd acc[G][VU];
             for (int g = 0; g < G; g++)
                 for (int u = 0; u < VU; u++) acc[g][u] = (vd){};
@@ -136,13 +167,13 @@ int decode_attention(const float *q, int64_t q_row, const float *k_new, int64_t 
                 const int64_t c = w / CH, j = w % CH;
                 for (int g = 0; g < G; g++) acc[g][0] += sf[(c * G + g) * CH + j] * vw;
             }
-            float *op = out + (b * kv_heads + h) * G * D;
             for (int g = 0; g < G; g++) {
                 vd r = acc[g][0];
                 for (int u = 1; u < VU; u++) r += acc[g][u];
                 r *= inv[g];
                 memcpy(op + g * D, &r, sizeof r);
             }
+#endif
         }
     }
     free(s);

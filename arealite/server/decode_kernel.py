@@ -4,7 +4,8 @@
 once per source, shape, compiler and flags, into `$AREALITE_KERNEL_CACHE` (default
 `~/.cache/arealite/kernels`), loads it with ctypes and returns a `DecodeAttention`; or returns
 None, with the reason logged once, when there is no compiler, the head dim is not a power of
-two in 8..256, or `AREALITE_DECODE_KERNEL=0`. The lean forward then uses sdpa (same results
+two in 8..256, the target's vectors are narrower than 256 bits (where it measured slower than
+sdpa), or `AREALITE_DECODE_KERNEL=0`. The lean forward then uses sdpa (same results
 to fp32 rounding; tests/server/test_decode_kernel.py compares them).
 
 Why: at a few hundred running rows of a small model, sdpa's per-(row, head) overhead and its
@@ -35,6 +36,7 @@ SOURCE = Path(__file__).with_name("decode_attention.c")
 ENV_SWITCH = "AREALITE_DECODE_KERNEL"  # "0": never use the kernel
 ENV_CACHE = "AREALITE_KERNEL_CACHE"
 FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC")
+MIN_LANES = 8  # floats per vector (AVX and wider); with SSE2's 4 the kernel lost to sdpa at head_dim 64-128
 ROWS_PER_THREAD = 64  # fewer rows per thread than this: not split (a pool hand-off costs ~100 us)
 
 _loaded: dict[tuple[int, int, str, str], DecodeAttention | None] = {}
@@ -106,9 +108,15 @@ def build(head_dim: int, group: int) -> DecodeAttention:
         raise KernelUnavailable("no C compiler: install gcc or clang, or set CC")
     path = _compile(compiler, head_dim, group)
     try:
-        return DecodeAttention(ctypes.CDLL(str(path)), head_dim, group)
+        lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise KernelUnavailable(f"loading {path} failed: {e}") from e
+    lanes = lib.decode_attention_lanes()
+    if lanes < MIN_LANES:
+        raise KernelUnavailable(
+            f"{compiler} targets {lanes * 32}-bit vectors here; below {MIN_LANES * 32} the kernel is slower than sdpa"
+        )
+    return DecodeAttention(lib, head_dim, group)
 
 
 def load(head_dim: int, group: int) -> DecodeAttention | None:

@@ -5,6 +5,8 @@ last columns), inside the lean forward through rows joining and leaving, and its
 from __future__ import annotations
 
 import logging
+import platform
+import shutil
 
 import pytest
 import torch
@@ -30,7 +32,7 @@ def _reference(q, k_new, v_new, keys, values, pos, scale):
     return out.flatten(1), keys, values
 
 
-@pytest.mark.parametrize("head_dim,group,cols", [(16, 2, 256), (8, 1, 37), (64, 4, 50)])
+@pytest.mark.parametrize("head_dim,group,cols", [(16, 2, 256), (8, 1, 37), (64, 4, 50), (64, 7, 45)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_kernel_matches_sdpa_and_writes_each_rows_new_token(head_dim, group, cols, threads):
     kernel = decode_kernel.build(head_dim, group)
@@ -120,3 +122,16 @@ def test_a_failing_compiler_is_reported_with_its_message(monkeypatch, tmp_path):
     with pytest.raises(decode_kernel.KernelUnavailable, match="out of cheese"):
         decode_kernel.build(16, 2)
     assert list((tmp_path / "cache").iterdir()) == []  # no half-written library left behind
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="-mno-avx is an x86 flag")
+def test_a_target_with_narrow_vectors_is_refused(monkeypatch, tmp_path):
+    """With SSE2's 4-float vectors the kernel measured slower than sdpa: it is not used there."""
+    real = shutil.which("gcc") or shutil.which("cc")
+    cc = tmp_path / "cc"
+    cc.write_text(f'#!/bin/sh\nexec {real} "$@" -mno-avx\n')  # the same build, AVX and wider turned off
+    cc.chmod(0o755)
+    monkeypatch.setenv(decode_kernel.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(cc))
+    with pytest.raises(decode_kernel.KernelUnavailable, match="targets 128-bit vectors here; below 256"):
+        decode_kernel.build(16, 2)
