@@ -141,11 +141,6 @@ class KVCache:
 
     # ---- capacity --------------------------------------------------------------------------
 
-    @property
-    def columns(self) -> int:
-        """Allocated columns per row."""
-        return self.v.shape[3]
-
     def _empty(self, rows: int, columns: int, transposed: bool) -> torch.Tensor:
         last = (self.head_dim, columns) if transposed else (columns, self.head_dim)
         return torch.zeros(self.layers, rows, self.kv_heads, *last, dtype=self.dtype, device=self.device)
