@@ -77,7 +77,8 @@ int decode_attention(const float *q, int64_t q_row, const float *k_new, int64_t 
                      const int64_t *pos, int64_t b0, int64_t b1, int64_t kv_heads, float scale, float *out) {
     int64_t widest = 0;
     for (int64_t b = b0; b < b1; b++) widest = pos[b] + 1 > widest ? pos[b] + 1 : widest;
-    vc *s = aligned_alloc(sizeof(vc), sizeof(vc) * G * ((widest + CH - 1) / CH)); /* vector-aligned */ /* s[c * G + g]: chunk c of query g's scores */
+    /* s[c * G + g]: chunk c of query g's scores, vector-aligned */
+    vc *s = aligned_alloc(sizeof(vc), sizeof(vc) * G * ((widest + CH - 1) / CH));
     if (s == NULL) return -1;
     const float *sf = (const float *)s;
     vci iota;

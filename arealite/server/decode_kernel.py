@@ -167,8 +167,10 @@ class DecodeAttention:
                 raise ValueError(f"decode attention: {name} must be fp32 on the CPU, [head, dim] contiguous per row")
         if not (keys_t.is_contiguous() and values.is_contiguous() and keys_t.stride()[:2] == values.stride()[:2]):
             raise ValueError("decode attention: the cache's keys and values must be contiguous with equal row strides")
-        if d != self.head_dim or heads != kv_heads * self.group or pos.dtype != torch.int64 or not pos.is_contiguous():
+        if d != self.head_dim or heads != kv_heads * self.group:
             raise ValueError(f"decode attention: built for head_dim {self.head_dim}, group {self.group}")
+        if pos.dtype != torch.int64 or not pos.is_contiguous():
+            raise ValueError(f"decode attention: pos must be contiguous int64, not {pos.dtype}")
         out = torch.empty(batch, heads * d, dtype=torch.float32)
         args = (
             q.data_ptr(),

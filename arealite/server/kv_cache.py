@@ -79,11 +79,8 @@ class KVCache:
             dst = torch.tensor(holes, dtype=torch.long, device=self.device)
             src = torch.tensor(movers, dtype=torch.long, device=self.device)
             width = max(self.lens[m] for m in movers)
-            self.v[:, dst, :, :width] = self.v[:, src, :, :width]
-            if self.keys_transposed:
-                self.k[:, dst, :, :, :width] = self.k[:, src, :, :, :width]
-            else:
-                self.k[:, dst, :, :width] = self.k[:, src, :, :width]
+            for t in (self._logical(self.k), self.v):
+                t[:, dst, :, :width] = t[:, src, :, :width]
             self.pos[dst] = self.pos[src]
         self.lens = [self.lens[i] for i in order]
         return order
@@ -94,9 +91,13 @@ class KVCache:
 
     # ---- what the forward reads and writes -------------------------------------------------
 
+    def _logical(self, keys: torch.Tensor) -> torch.Tensor:
+        """Keys stored by this cache as [..., columns, head_dim] (a strided view when transposed)."""
+        return keys.transpose(-1, -2) if self.keys_transposed else keys
+
     def keys(self, layer: int) -> torch.Tensor:
-        """Layer `layer`'s keys as [rows, kv_heads, columns, head_dim] (a strided view when transposed)."""
-        return self.k[layer].transpose(-1, -2) if self.keys_transposed else self.k[layer]
+        """Layer `layer`'s keys as [rows, kv_heads, columns, head_dim]."""
+        return self._logical(self.k[layer])
 
     def values(self, layer: int) -> torch.Tensor:
         return self.v[layer]
@@ -127,12 +128,11 @@ class KVCache:
 
     def write_decode(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k/v [B, kv_heads, head_dim]: each row's new token at its column (the position
-        `begin_decode` returned)."""
-        d = self.head_dim
+        `begin_decode` returned). The sdpa path's write: with transposed keys the decode kernel writes."""
         if self.keys_transposed:
-            self.k[layer][self._columns[: self.size], :, :, self.pos[: self.size]] = k
-        else:
-            self.k[layer].view(-1, d).index_copy_(0, self._slots, k.reshape(-1, d))
+            raise RuntimeError("write_decode: transposed keys are written by the decode kernel (decode_kernel.py)")
+        d = self.head_dim
+        self.k[layer].view(-1, d).index_copy_(0, self._slots, k.reshape(-1, d))
         self.v[layer].view(-1, d).index_copy_(0, self._slots, v.reshape(-1, d))
 
     def end_decode(self) -> None:
@@ -152,11 +152,8 @@ class KVCache:
         new_rows = max(rows, 2 * have_rows) if rows > have_rows else have_rows
         new_cols = max(columns, 2 * have_cols, MIN_COLUMNS) if columns > have_cols else have_cols
         k, v = self._empty(new_rows, new_cols, self.keys_transposed), self._empty(new_rows, new_cols, False)
+        self._logical(k)[:, :have_rows, :, :have_cols] = self._logical(self.k)
         v[:, :have_rows, :, :have_cols] = self.v
-        if self.keys_transposed:
-            k[:, :have_rows, :, :, :have_cols] = self.k
-        else:
-            k[:, :have_rows, :, :have_cols] = self.k
         pos = torch.zeros(new_rows, dtype=torch.long, device=self.device)
         pos[:have_rows] = self.pos
         self.k, self.v, self.pos = k, v, pos
