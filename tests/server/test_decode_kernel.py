@@ -37,7 +37,9 @@ def _reference(q, k_new, v_new, keys, values, pos, scale):
 def test_kernel_matches_sdpa_and_writes_each_rows_new_token(head_dim, group, cols, threads):
     kernel = decode_kernel.build(head_dim, group)
     g = torch.Generator().manual_seed(head_dim * 100 + group * 10 + threads)
-    batch, kv_heads, rows = 40, 2, 44  # more rows allocated than running, as in the cache
+    # more rows allocated than running, as in the cache; enough rows that 2 threads split them
+    batch, kv_heads = 2 * decode_kernel.ROWS_PER_THREAD + 3, 2
+    rows = batch + 4
     pos = torch.randint(0, cols, (rows,), generator=g)
     pos[:3] = torch.tensor([0, cols - 1, cols - 17])  # one column; the buffer's last ones
     qkv = torch.randn(batch, (group + 2) * kv_heads, head_dim, generator=g)  # q, k, v of a row side by side
