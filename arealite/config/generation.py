@@ -10,7 +10,7 @@ from arealite.config.fields import check_positive, setting
 from arealite.config.loading import ConfigError
 
 if TYPE_CHECKING:
-    from arealite.truncation import Truncation
+    from arealite.algo.truncation import Truncation
 
 GREEDY_TEMPERATURE = 1e-6  # below it, sampling is greedy (SGLang's rule)
 
@@ -65,7 +65,7 @@ class GenerationHyperparameters:
         """The truncation the trainer's logprobs apply, or None for full-vocabulary logprobs:
         nothing truncates, `truncated_logprobs` is off, or sampling is greedy (which keeps
         SGLang's temperature-1 logprobs: greedy runs evaluate, they do not train off-policy)."""
-        from arealite.truncation import TOP_K_ALL, Truncation  # imports torch: launchers must not
+        from arealite.algo.truncation import TOP_K_ALL, Truncation  # imports torch: launchers must not
 
         truncation = Truncation(self.top_k, self.top_p, self.min_p)
         greedy = self.temperature < GREEDY_TEMPERATURE

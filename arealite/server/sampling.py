@@ -6,7 +6,7 @@ top-k/top-p/min-p truncation. Greedy (temperature < 1e-6) is argmax and reports 
 temperature 1, as SGLang rewrites greedy to temperature=1, top_k=1. A request with the
 top-level `processed_logprobs: true` (an arealite extension, docs/protocol.md §1.6) gets the
 logprobs of the distribution each token was drawn from instead: the truncated, renormalised
-one (arealite/truncation.py), which is what the trainer recomputes with
+one (arealite/algo/truncation.py), which is what the trainer recomputes with
 `gconfig.truncated_logprobs`.
 """
 
@@ -18,7 +18,7 @@ from functools import cached_property
 
 import torch
 
-from arealite.truncation import TOP_K_ALL, Truncation, sorted_keep, truncation_columns
+from arealite.algo.truncation import TOP_K_ALL, Truncation, sorted_keep, truncation_columns
 
 GREEDY_EPS = 1e-6
 MAX_STOP_STRINGS = 32  # 0.5.23 caps the stop list
@@ -236,7 +236,7 @@ def _sample_truncated(
     scaled: torch.Tensor, params: list[SamplingParams], uniforms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Inverse-CDF sampling from softmax(scaled) [n, V] after top-k, top-p and min-p truncation
-    (arealite/truncation.py). Returns the tokens [n] and the kept support [n, V] in vocabulary
+    (arealite/algo/truncation.py). Returns the tokens [n] and the kept support [n, V] in vocabulary
     order, or None when no row truncates."""
     probs = torch.softmax(scaled, dim=-1)
     vocab = probs.shape[-1]

@@ -36,12 +36,12 @@ from arealite.algo.losses import (
     ppo_actor_loss,
 )
 from arealite.algo.rollout_correction import RolloutCorrection
+from arealite.algo.truncation import Truncation
 from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
 from arealite.train.engine import FSDPEngine, load_causal_lm
 from arealite.train.logprobs import batch_token_logprobs, packed_logprobs_and_entropy, packed_token_entropy
-from arealite.truncation import Truncation
 
 
 class PPOActor(FSDPEngine):

@@ -4,7 +4,7 @@ Position `t` of the result holds `log p(token t | tokens < t)` (docs/architectur
 the logits at position `t - 1` divided by the sampling temperature — the same quantity the
 servers return. With a `truncation` (`gconfig.logprob_truncation`: top-k / top-p / min-p with
 `gconfig.truncated_logprobs`), p is the truncated, renormalised distribution the tokens were
-sampled from (arealite/truncation.py), which the built-in server reports for
+sampled from (arealite/algo/truncation.py), which the built-in server reports for
 `processed_logprobs` requests. The first token of every sequence has no prediction and gets 0.
 
 Without a truncation the log-probs (and, beside them, the entropy statistic) come from one
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from arealite.algo.losses import entropy_from_logits
-from arealite.truncation import Truncation, truncated_token_logprobs
+from arealite.algo.truncation import Truncation, truncated_token_logprobs
 
 ENTROPY_CHUNK = 1024  # rows per [chunk, V] fp32 temporary (entropy, gradient): a large vocabulary never needs more
 
