@@ -4,15 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from arealite.config.fields import check_positive, setting
+from arealite.config.fields import check_choices, check_positive, setting
 from arealite.config.loading import ConfigError
 
 if TYPE_CHECKING:
     from arealite.algo.truncation import Truncation
 
 GREEDY_TEMPERATURE = 1e-6  # below it, sampling is greedy (SGLang's rule)
+TruncationRule = Literal["joint", "sequential"]  # the built-in server's | vLLM's (arealite/algo/truncation.py)
 
 
 @dataclass
@@ -42,8 +43,17 @@ class GenerationHyperparameters:
         "(SGLang's and verl's, TRL's, AReaL's convention), which is all a real SGLang server reports "
         "(docs/protocol.md §1.6)",
     )
+    truncation_rule: TruncationRule | None = setting(
+        None,
+        "how the trainer's logprobs combine top_k / top_p / min_p, which must be the serving backend's: "
+        "joint (the built-in server's: all three tests on softmax(logits / T)) | sequential (vLLM's: min_p, "
+        "then top_k, then top_p on the renormalised remainder); None: server.backend's rule (filled in by "
+        "the experiment config; joint outside one). verl, TRL and SkyRL recompute full-vocabulary logprobs "
+        "against vLLM's truncated ones (docs/protocol.md §1.6.1)",
+    )
 
     def __post_init__(self) -> None:
+        check_choices(self, "gconfig")
         check_positive("gconfig", "group_size", self.group_size)
         check_positive("gconfig", "max_new_tokens", self.max_new_tokens)
         check_positive("gconfig", "temperature", self.temperature, allow_zero=True)
@@ -67,7 +77,7 @@ class GenerationHyperparameters:
         SGLang's temperature-1 logprobs: greedy runs evaluate, they do not train off-policy)."""
         from arealite.algo.truncation import TOP_K_ALL, Truncation  # imports torch: launchers must not
 
-        truncation = Truncation(self.top_k, self.top_p, self.min_p)
+        truncation = Truncation(self.top_k, self.top_p, self.min_p, self.truncation_rule or "joint")
         greedy = self.temperature < GREEDY_TEMPERATURE
         if greedy or not self.truncated_logprobs or not truncation.cuts(TOP_K_ALL):
             return None

@@ -11,7 +11,7 @@ from arealite.config.loading import ConfigError
 
 PauseMode = Literal["abort", "in_place", "retract"]  # SGLang's /pause_generation modes (0.5.6+)
 Schedule = Literal["interruptible", "lockstep"]
-ServerBackend = Literal["auto", "builtin", "sglang"]
+ServerBackend = Literal["auto", "builtin", "sglang", "vllm"]
 ServerDtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
@@ -96,7 +96,7 @@ class InferenceEngineConfig:
 class ServerConfig:
     """Inference servers: the built-in CPU server or SGLang."""
 
-    backend: ServerBackend = setting("auto", "auto (SGLang with CUDA, built-in otherwise) | builtin | sglang")
+    backend: ServerBackend = setting("auto", "auto (SGLang with CUDA, built-in otherwise) | builtin | sglang | vllm")
     model_path: str = setting("", "defaults to actor.path")
     dtype: ServerDtype = setting("auto", "--dtype of the server")
     context_length: int | None = setting(None, "defaults to the model's max_position_embeddings")
