@@ -71,8 +71,8 @@ class StatsLoggerConfig:
     print_stats: bool = setting(
         False,
         "also print every step's full stats as one `[stats] key=value ...` line (they always go to stats.jsonl, "
-        "and to tensorboard / wandb when on). verl and TRL print every metric at each logging step by default; "
-        "arealite keeps the console to the bar",
+        "and to tensorboard / wandb when on), and under the bar the step's events (weight versions confirmed). "
+        "verl and TRL print every metric at each logging step by default; arealite keeps the console to the bar",
     )
     plot: bool = setting(True, "write <run_dir>/plots.png at the end of the run (needs matplotlib)")
     samples_shown: int = setting(

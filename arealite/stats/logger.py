@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from arealite.stats import console
 from arealite.stats.jsonl import plain, stats_path, truncate_after
 
 SAMPLES_FILE = "samples.jsonl"  # the completions shown by log_samples, one JSON object each
@@ -61,6 +62,7 @@ class StatsLogger:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=False)
+            console.attach(self._bar, events=print_stats)
 
     @classmethod
     def from_config(cls, config: Any, rank: int) -> StatsLogger:
@@ -113,7 +115,7 @@ class StatsLogger:
                 for k, v in row.items()
                 if not isinstance(v, (list, dict))
             )
-            self._write(f"[stats] {shown}")
+            console.write(f"[stats] {shown}")
 
     def brief(self, row: dict[str, Any]) -> dict[str, str]:
         """The handful of numbers the console shows for a step: its index, the batch reward, the
@@ -127,13 +129,6 @@ class StatsLogger:
             out["s/step"] = f"{row['time/step']:.2f}"
         return out
 
-    def _write(self, line: str) -> None:
-        """A line on stdout that does not tear the progress bar (tqdm clears and redraws it)."""
-        if self._bar is not None:
-            self._bar.write(line, file=sys.stdout)
-        else:
-            print(line, flush=True)
-
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
         """Show a few completions (`arealite.stats.samples.shown_samples`) of `step`: printed,
         appended to `<run_dir>/samples.jsonl`, and as a tensorboard text and a wandb table."""
@@ -144,8 +139,8 @@ class StatsLogger:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         for r in rows:
             numbers = " ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float))
-            self._write(f"[sample] step={step} {numbers}\n  prompt: {_clip(r['prompt'])!r}\n  completion: "
-                        f"{_clip(r['completion'])!r}")  # fmt: skip
+            console.write(f"[sample] step={step} {numbers}\n  prompt: {_clip(r['prompt'])!r}\n  completion: "
+                          f"{_clip(r['completion'])!r}")  # fmt: skip
         columns = list(rows[0])
         if self._tb is not None:
             lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -185,6 +180,7 @@ class StatsLogger:
     def close(self, plot: bool = False) -> str | None:
         """Close every sink; with `plot`, write `<run_dir>/plots.png` and return its path."""
         if self._bar is not None:
+            console.detach(self._bar)
             self._bar.close()
             self._bar = None
         if self._file is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from arealite.config import GRPOConfig, load_config
+from arealite.stats import console
 from arealite.stats.jsonl import read_stats
 from arealite.stats.logger import StatsLogger
 from tests.test_docs import REPO
@@ -68,3 +69,17 @@ def test_print_stats_prints_every_key_of_every_step(tmp_path, capsys):
         assert all(f"{k}=" in line for k in row), line
     assert full[0].startswith("[stats] step=0 elapsed_s="), full[0]
     _every_key_in_jsonl(rows)
+
+
+@pytest.mark.parametrize(
+    "overrides, shown",
+    [((), False), (("stats_logger.print_stats=true",), True), (("stats_logger.progress_bar=false",), True)],
+)
+def test_step_events_print_without_the_bar_or_with_print_stats(tmp_path, capsys, overrides, shown):
+    pytest.importorskip("tqdm")
+    argv = ["--config", str(REPO / "configs" / "tiny_cpu.yaml"), f"fileroot={tmp_path}", f"total_train_steps={STEPS}"]
+    with StatsLogger.from_config(load_config([*argv, *overrides], GRPOConfig), rank=0):
+        console.event("[weight-sync] version 1 confirmed by a")  # what WeightSync.sync prints
+    assert ("[weight-sync] version 1 confirmed by a" in capsys.readouterr().out) is shown
+    console.event("[weight-sync] version 2 confirmed by a")  # the bar is gone: events print again
+    assert "version 2" in capsys.readouterr().out
