@@ -20,8 +20,8 @@ Three measurements, one run:
    - and, for reference, the same bare loop over an aiohttp `ClientSession` (what a script
      without arealite would use): its client CPU is printed beside, not in the figure,
    `--pairs` times each, alternating which goes first; a timed run is `--batches` rounds of
-   them, so that a run's CPU seconds are large next to psutil's 10 ms clock tick and to the
-   run-to-run noise of a few milliseconds of client CPU.
+   them, so that a run's CPU seconds are large next to psutil's clock tick (a hundredth of a
+   second) and to the run-to-run noise of the client's CPU.
 
 The figure, and why it is CPU time: on a shared 2-core machine the paired wall-time ratio
 of 3. swings by +-20% from one pair to the next (other processes take the cores), far more
@@ -41,7 +41,7 @@ same connection pool (`arealite.rollout.loop.EventLoopThread`,
 `arealite.rollout.http1.ConnectionPool` with `transport.KEEPALIVE_S`), created once and warmed
 with a full-size run (every connection open), reused for every run; the server has its own CPU (the first of
 ours, 1 torch thread, CPU only) and the client the others. The tiny model is the worst case for the
-ratio: its generation costs ~50 us per token, a real model's far more, while the client's
+ratio: its generation is very cheap per token, a real model's far dearer, while the client's
 cost per token stays the same.
 """
 
@@ -363,8 +363,9 @@ def real_server_measurement(
 
 def report(args: argparse.Namespace, m: dict[str, list[float]]) -> None:
     pct = [(o / r - 1) * 100 for r, o in zip(m["raw"], m["orchestrated"])]
-    # psutil counts CPU time in clock ticks (10 ms on Linux): a pair whose server used less than a
-    # tick has no measurable denominator and is left out of the figure (it happens only in tiny runs).
+    # psutil counts CPU time in clock ticks (USER_HZ, a hundredth of a second on Linux): a pair
+    # whose server used less than a tick has no measurable denominator and is left out of the
+    # figure (it happens only in tiny runs).
     triples = [t for t in zip(m["raw_cpu"], m["orchestrated_cpu"], m["raw_server_cpu"]) if t[2] > 0]
     if not triples:
         raise SystemExit("every raw run used less server CPU than the clock resolves: raise --max-new-tokens")

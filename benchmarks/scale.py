@@ -53,7 +53,7 @@ SIZES = [
 SMOKE_SIZES = [dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128)]
 LEVELS, SMOKE_LEVELS = (256, 1024, 4096), (16, 64)
 STUBS = 4
-HOLD_PER_REQUEST_S = 0.0025  # the client submits a request in ~1 ms of CPU on a busy core: hold longer than that
+HOLD_PER_REQUEST_S = 0.0025  # longer than the client's CPU per request on a busy core, so a whole round is in flight
 
 
 def stub_hold(in_flight: int) -> float:

@@ -119,3 +119,13 @@ def test_citation_parser_attributes_bare_sections_to_the_named_page(tmp_path):
     g = tmp_path / "n.py"
     g.write_text("# §4 without a page\n")
     assert citations(g) == [(1, None, "4")]
+
+
+def test_tests_readme_names_every_test_file_and_only_files_that_exist():
+    """tests/README.md is where a newcomer finds the tests of a module: it names every test file,
+    and every test file it names exists."""
+    tests = REPO / "tests"
+    named = {m for m in re.findall(r"`([\w/]+\.py)`", (tests / "README.md").read_text()) if "test_" in m}
+    present = {str(p.relative_to(tests)) for p in tests.rglob("test_*.py")}
+    assert not present - named, f"add to tests/README.md: {sorted(present - named)}"
+    assert not named - present, f"tests/README.md names files that do not exist: {sorted(named - present)}"

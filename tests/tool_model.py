@@ -35,7 +35,7 @@ def train_tool_model(base_dir: str, out_dir: str, max_steps: int = 200) -> str:
     batch = sft_batch(records, tokenizer)
     config = TrainEngineConfig(path=base_dir, dtype="float32", optimizer=OptimizerConfig(lr=5e-3))
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # ~10x faster than 2 threads on a busy 2-core machine at this size
+    torch.set_num_threads(1)  # far faster than 2 threads on a busy 2-core machine at this size
     try:
         with FSDPEngine(config, total_optimizer_steps=max_steps) as engine:
             for _ in range(max_steps):

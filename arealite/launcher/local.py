@@ -94,8 +94,8 @@ def trainer_env(server_addrs: list[str], master_port: int, gpus: list[str] | Non
     env = {**os.environ, net.SERVER_ADDRS_ENV: ",".join(server_addrs)}
     # torch threads per trainer rank = its reserved CPUs (torchrun's default of 1 for several
     # ranks; a lone rank would take every core and, beside the servers, spin-wait on them:
-    # the CPU main job ran 2.4x slower with 2 threads on 2 cores shared with other jobs,
-    # and the asynchronous one overlaps rollout and training only with a core each).
+    # the CPU main job ran more than twice as long with 2 threads on 2 cores shared with other
+    # jobs, and the asynchronous one overlaps rollout and training only with a core each).
     # An OMP_NUM_THREADS already set wins.
     env.setdefault("OMP_NUM_THREADS", str(threads))
     # The same rendezvous variables torchrun sets, so a one-process run needs no special case.

@@ -7,9 +7,10 @@ cut minimising the modelled cost is exact (dynamic programming over the distinct
 longest first): a group of `rows` prompts padded to `width` costs
     overhead + rows * (width + width**2 / quadratic),
 in units of one padded token's linear work; `quadratic` is the width at which attention
-costs as much as the rest per token. The defaults were measured on a CPU with the tiny
-model (0.5 ms a forward, 3.5 us a token, attention equal at ~285 tokens); a GPU runs tokens
-far cheaper than forwards, so the CLI uses a larger overhead there (fewer, larger groups).
+costs as much as the rest per token. The defaults come from timing the tiny model on a CPU
+(a forward's fixed cost is about 140 tokens' linear work; attention equals the rest at about
+285 tokens); a GPU runs tokens far cheaper than forwards, so the CLI uses a larger overhead
+there (fewer, larger groups).
 """
 
 from __future__ import annotations

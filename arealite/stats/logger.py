@@ -1,6 +1,7 @@
-"""Per-step statistics: a jsonl file per run, a console line, a progress bar, and optional
-tensorboard and wandb; PNG plots at the end (`arealite.stats.plots`); a few sampled completions
-per evaluation (`log_samples`).
+"""Per-step statistics: a jsonl file per run, a progress bar showing a handful of them (or one
+short line per step without it; every key with `print_stats`), optional tensorboard and wandb;
+PNG plots at the end (`arealite.stats.plots`); a few sampled completions per evaluation
+(`log_samples`).
 
 Only the main process (rank 0) writes. Values are plain floats: reduce across ranks before
 calling `commit` (`StatsTracker.export()` and the actor's stats already are). tensorboard and
@@ -17,13 +18,14 @@ import sys
 import time
 from typing import Any
 
+from arealite.stats import console
 from arealite.stats.jsonl import plain, stats_path, truncate_after
 
 SAMPLES_FILE = "samples.jsonl"  # the completions shown by log_samples, one JSON object each
 
 
 class StatsLogger:
-    """Writes `<run_dir>/stats.jsonl` and prints a one-line summary per step."""
+    """Writes `<run_dir>/stats.jsonl` and shows a few numbers of each step on the console."""
 
     def __init__(
         self,
@@ -36,10 +38,14 @@ class StatsLogger:
         progress_bar: bool = False,
         run_name: str = "",
         config: dict | None = None,
+        print_stats: bool = False,
     ):
         self.run_dir = run_dir
         self.rank = rank
         self._use_jsonl = jsonl
+        self._print_stats = print_stats
+        self._total_steps = total_steps
+        self._held_out: float | None = None  # the latest evaluation's pass@1, shown until the next
         self._elapsed_before = 0.0  # time spent by earlier (crashed) attempts of this run
         self._start = time.monotonic()
         self._file = self._tb = self._wandb = self._bar = None
@@ -56,6 +62,7 @@ class StatsLogger:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, desc="train", unit="step", file=sys.stderr, dynamic_ncols=False)
+            console.attach(self._bar, events=print_stats)
 
     @classmethod
     def from_config(cls, config: Any, rank: int) -> StatsLogger:
@@ -66,6 +73,7 @@ class StatsLogger:
         return cls(
             config.run_dir, rank, sl.jsonl, sl.tensorboard, sl.wandb_mode, config.total_train_steps, sl.progress_bar,
             f"{config.experiment_name}/{config.trial_name}", OmegaConf.to_container(OmegaConf.structured(config)),
+            sl.print_stats,
         )  # fmt: skip
 
     @property
@@ -91,18 +99,35 @@ class StatsLogger:
                 self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
-        shown = " ".join(
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in row.items()
-            if not isinstance(v, (list, dict))
-        )
+        if isinstance(row.get("eval/pass@1"), float):
+            self._held_out = row["eval/pass@1"]
+        brief = self.brief(row)
         if self._bar is not None:
             self._bar.n = min(step + 1, self._bar.total)
-            self._bar.set_postfix(
-                {k: row[k] for k in ("reward", "eval/pass@1") if isinstance(row.get(k), float)}, refresh=False
-            )
+            self._bar.set_postfix(brief, refresh=False)
             self._bar.refresh()
-        print(f"[stats] {shown}", flush=True)
+        else:  # no bar (a log file, a notebook): one short line per step instead
+            total = f"/{self._total_steps}" if self._total_steps else ""
+            print(f"[step {step}{total}] " + " ".join(f"{k}={v}" for k, v in brief.items()), flush=True)
+        if self._print_stats:
+            shown = " ".join(
+                f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                for k, v in row.items()
+                if not isinstance(v, (list, dict))
+            )
+            console.write(f"[stats] {shown}")
+
+    def brief(self, row: dict[str, Any]) -> dict[str, str]:
+        """The handful of numbers the console shows for a step: its index, the batch reward, the
+        latest held-out pass@1 and the step's seconds (each only when known)."""
+        out = {"step": str(row["step"])}
+        if isinstance(row.get("reward"), float):
+            out["reward"] = f"{row['reward']:.3f}"
+        if self._held_out is not None:
+            out["held_out"] = f"{self._held_out:.3f}"
+        if isinstance(row.get("time/step"), float):
+            out["s/step"] = f"{row['time/step']:.2f}"
+        return out
 
     def log_samples(self, step: int, samples: list[dict[str, Any]]) -> None:
         """Show a few completions (`arealite.stats.samples.shown_samples`) of `step`: printed,
@@ -114,8 +139,8 @@ class StatsLogger:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
         for r in rows:
             numbers = " ".join(f"{k}={v:.4g}" for k, v in r.items() if isinstance(v, float))
-            print(f"[sample] step={step} {numbers}\n  prompt: {_clip(r['prompt'])!r}\n  completion: "
-                  f"{_clip(r['completion'])!r}", flush=True)  # fmt: skip
+            console.write(f"[sample] step={step} {numbers}\n  prompt: {_clip(r['prompt'])!r}\n  completion: "
+                          f"{_clip(r['completion'])!r}")  # fmt: skip
         columns = list(rows[0])
         if self._tb is not None:
             lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -155,6 +180,7 @@ class StatsLogger:
     def close(self, plot: bool = False) -> str | None:
         """Close every sink; with `plot`, write `<run_dir>/plots.png` and return its path."""
         if self._bar is not None:
+            console.detach(self._bar)
             self._bar.close()
             self._bar = None
         if self._file is not None:

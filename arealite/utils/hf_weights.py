@@ -2,8 +2,8 @@
 
 safetensors 0.8's default (mmap) reader leaves about two Python ints per tensor alive on every
 call, so a server that reads its checkpoint at each disk weight update grows by that much per
-update; its pread reader keeps nothing but copies the file, which on this machine ran at ~1.3
-GB/s against ~9 GB/s for mmap from the page cache. Files up to PREAD_MAX_BYTES (every small
+update; its pread reader keeps nothing but copies the file, several times slower than mmap from
+the page cache. Files up to PREAD_MAX_BYTES (every small
 model) are read with pread; larger ones, where the copy would cost more than the leak, with mmap.
 """
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from arealite import world
 from arealite.config import WeightUpdateMode
 from arealite.interfaces import TrainEngine, WeightSyncTarget
+from arealite.stats import console
 from arealite.types import WeightUpdateMeta
 from arealite.utils import net
 from arealite.weight_sync.buckets import WeightSpec, broadcast_buckets, weight_buckets
@@ -130,7 +131,7 @@ class WeightSync:
         seen: dict[str, str] = {}
         if main:
             seen = rollout.confirm_version(version)  # a down server resyncs on rejoin
-            print(f"[weight-sync] version {version} confirmed by {', '.join(sorted(seen))}", flush=True)
+            console.event(f"[weight-sync] version {version} confirmed by {', '.join(sorted(seen))}")
             if meta.type in ("disk", "lora"):
                 prune_weight_versions(os.path.dirname(meta.path), self.keep_versions, version)
         barrier()  # servers hold the new weights before anyone resumes

@@ -75,7 +75,7 @@ def test_every_script_has_a_documented_figure() -> None:
 # With the heavy tests (CI time): variants.py's smoke run is a whole launcher run (time_to_accuracy.py's
 # two), scale.py's six
 # processes across simulated hosts; lora_memory.py, deterministic_server.py and
-# lockstep_schedule.py took 60-75 s each under xdist, and what they run is tested on its own
+# lockstep_schedule.py each take about a minute under xdist, and what they run is tested on its own
 # (tests/train/test_lora*.py, tests/server/test_deterministic.py, tests/e2e/test_reproducible.py).
 HEAVY = {
     "variants.py",

@@ -42,6 +42,7 @@ def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir, weight_upd
         "reward_fn=tests.e2e.varied_reward:even_token_fraction",
         "total_train_steps=2", "launcher.n_servers=2", "launcher.n_trainers=2",
         f"weight_update={weight_update}", "evaluator.freq_steps=0",
+        "stats_logger.print_stats=true",  # every step's [stats] line and weight-sync confirmation, read below
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     run_dir = tmp_path / "e2e" / "t"
@@ -77,4 +78,5 @@ def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir, weight_upd
         line for line in trainer_log.splitlines() if line.startswith("[weight-sync] version 2 confirmed by")
     ]
     assert confirmations, trainer_log[-2000:]
+    assert sum(line.startswith("[stats] step=") for line in trainer_log.splitlines()) == 2, trainer_log[-2000:]
     assert all(addr in confirmations[-1] for addr in server_addrs), (confirmations, server_addrs)

@@ -23,9 +23,9 @@ collapsed (0.215 -> 0.092) after a change of float summation order alone, and le
 the attention scale moved by 2^-22: docs/production.md, the reasoning job.
 
 The trainer computes in fp32 on every device; the `cuda` case runs the same with a bf16 trainer
-(fp32 masters) and must learn too. On one H200 at 16c31f0 it went 0.469 -> 0.596 (fp32 there:
-0.461 -> 0.602), the same trajectory in two runs; the 16-step run at lr 1e-3 that did not learn
-in bf16 is in docs/gpu.md.
+(fp32 masters) and must learn too. On one H200 (2026-11-28) it went 0.469 -> 0.596 (fp32
+there: 0.461 -> 0.602), the same trajectory in two runs; the 16-step run at lr 1e-3 that did not
+learn in bf16 is in benchmarks/LOG.md.
 """
 
 from __future__ import annotations

@@ -103,10 +103,10 @@ def hosts(network, tmp_path, tiny_model_dir):
     return net.hosts, servers
 
 
-# Steps to run: once the cut-off server is out, a step of this run can take 0.05 s, and the run must
+# Steps to run: once the cut-off server is out, a step of this run is very short, and the run must
 # outlast the server's return: a probe sent into the cut may wait out its timeout, then the next
-# probe, a resync and the next sync (about 1-4 s). 40 steps ended 2 s after the link came back,
-# before the server was back; 300 leave about 15 s on a quiet machine, longer on a loaded one.
+# probe, a resync and the next sync. 40 steps ended just after the link came back, before the
+# server was back; 300 leave a wide margin on a quiet machine, more on a loaded one.
 STEPS_CUT_LINK = 300
 
 

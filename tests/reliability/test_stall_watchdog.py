@@ -20,7 +20,7 @@ STALL_S = 1.0
 PROBE_S = 2.0  # rollout.health_check_timeout: the diagnostic probes each server at most this long
 # docs/reliability.md: raised at 2 x stall_timeout, plus the diagnostic's probes (at most
 # health_check_timeout; milliseconds here, where every server answers), plus 1 s of
-# scheduling slack for a loaded machine (measured: 2.01 s at load 8).
+# scheduling slack for a loaded machine.
 RAISE_BOUND_S = 2 * STALL_S + 1.0
 
 
