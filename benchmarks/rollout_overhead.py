@@ -14,7 +14,7 @@ Three measurements, one run:
    `--in-flight` greedy requests of `--max-new-tokens` tokens (deterministic: both sides
    get the same tokens, so the server does the same work) sent
    - raw: a bare POST + JSON parse of every request, gathered, over the client's own HTTP
-     connection pool (`arealite.rollout.http1.ConnectionPool`, the cheapest client here), and
+     transport (`arealite.rollout.transport.Transport`), and
    - orchestrated: `rollout_batch` with a workflow that turns the replies into a padded
      trajectory batch (the path a training script takes),
    - and, for reference, the same bare loop over an aiohttp `ClientSession` (what a script
@@ -37,8 +37,8 @@ are printed next to it for that, and the paired wall-time overhead too. Target: 
 narrower than 1 point.
 
 Equal conditions for 3.: both sides run on the same kind of event loop thread with the
-same connection pool (`arealite.rollout.loop.EventLoopThread`,
-`arealite.rollout.http1.ConnectionPool` with `transport.KEEPALIVE_S`), created once and warmed
+same HTTP transport (`arealite.rollout.loop.EventLoopThread`,
+`arealite.rollout.transport.Transport`), created once and warmed
 with a full-size run (every connection open), reused for every run; the server has its own CPU (the first of
 ours, 1 torch thread, CPU only) and the client the others. The tiny model is the worst case for the
 ratio: its generation is very cheap per token, a real model's far dearer, while the client's
@@ -208,10 +208,9 @@ def server_overhead(
     a run is `batches` rounds of `in_flight` requests, one after the other."""
     import aiohttp
 
-    from arealite.rollout.http1 import ConnectionPool
     from arealite.rollout.loop import EventLoopThread
     from arealite.rollout.protocol import generate_body
-    from arealite.rollout.transport import KEEPALIVE_S
+    from arealite.rollout.transport import KEEPALIVE_S, Transport
 
     group = 4
     workflow, gconfig = bench_workflow(group, max_new_tokens, 0.0)  # greedy: the same tokens on both sides
@@ -223,14 +222,15 @@ def server_overhead(
 
     async def open_clients():
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
-        return ConnectionPool(KEEPALIVE_S), aiohttp.ClientSession(connector=connector)
+        transport = Transport()
+        await transport.open()
+        return transport, aiohttp.ClientSession(connector=connector)
 
-    pool, session = raw_loop.run(open_clients())
+    transport, session = raw_loop.run(open_clients())
 
     async def raw_all() -> None:
         async def one(body: dict) -> None:
-            data = json.dumps(body, separators=(",", ":")).encode()  # as the transport encodes it
-            json.loads((await pool.request("POST", address, "/generate", data, None))[1])
+            await transport.request("POST", address, "/generate", body)
 
         await asyncio.gather(*(one(b) for b in bodies))
 
@@ -275,7 +275,7 @@ def server_overhead(
                 for x, value in zip(keys, timed(sides[name])):
                     out[f"{name}{x}"].append(value)
     finally:
-        raw_loop.run(pool.close())
+        raw_loop.run(transport.close())
         raw_loop.run(session.close())
         raw_loop.stop()
         engine.destroy()

@@ -16,9 +16,7 @@ within each of `--repeats` paired repeats (every side reloads nothing between re
   client is the user's program, as a trainer would be). Its number of clients is searched
   as the baseline's batch size is: every value of `--server-concurrencies` is timed 3
   times on the whole workload, and the fastest is used.
-  Its forward is the lean one with, on a CPU with a C compiler, its compiled decode
-  attention (`/get_server_info`'s `model_impl` and `decode_attention` are printed; with
-  `AREALITE_DECODE_KERNEL=0` in the environment the server uses sdpa).
+  Its forward is the lean one (`/get_server_info`'s `model_impl` is printed).
 - sorted (the baseline): the strongest use of `model.generate` a reviewer would name: the
   requests sorted by budget (then prompt length), so each batch's rows need about the same
   number of steps and the same padding, in batches of left-padded prompts with
@@ -243,7 +241,7 @@ def run(args: argparse.Namespace, model: str, engine_cpus: set[int], client_cpus
                 return await r.json()
 
         info = loop.run_until_complete(server_info())
-        print(f"server forward: {info['model_impl']}, decode attention: {info['decode_attention']}")
+        print(f"server forward: {info['model_impl']}")
         # warm up both sides (allocators, the session's connections) before any clock
         loop.run_until_complete(serve_all(session, server.url, work[: args.concurrency], args.concurrency))
         hf.run(work=work[: args.concurrency], batch=args.concurrency, seed=0)

@@ -47,10 +47,6 @@ _SECONDS = rf"{_NUM}\s?(?:s|seconds?|min|minutes?)\b"
 _ESTIMATE = rf"(?:about|around|~)\s?{_SECONDS}|\d\.\d+ in {_SECONDS}"
 TIMING = re.compile(rf"{_ALWAYS}|{_ESTIMATE}|{_TIMED}[^.;]{{0,40}}?{_SECONDS}|{_SECONDS}[^.;]{{0,25}}?{_TIMED}", re.I)
 
-# Files that the lite pass's transport branch removes or rewrites (issue 51); the integrator
-# empties this set at that merge, and a test below fails once an entry is no longer needed.
-PENDING = {"arealite/rollout/transport.py", "arealite/server/decode_kernel.py"}
-
 HELP_KEYWORDS = {"help", "description", "epilog"}
 
 
@@ -123,7 +119,7 @@ def stray_hashes(text: str, commit_column_allowed: bool) -> list[tuple[int, str]
 
 
 def _ours(path: Path) -> bool:
-    return path != Path(__file__).resolve() and str(path.relative_to(REPO)) not in PENDING
+    return path != Path(__file__).resolve()
 
 
 def _timings(path: Path) -> list[str]:
@@ -152,11 +148,6 @@ def test_no_measured_timing_in_comments_docstrings_or_help():
     assert not bad, (
         "measured timings belong in benchmarks/README.md or LOG.md; keep the why, drop the number:\n" + "\n".join(bad)
     )
-
-
-def test_every_pending_file_still_needs_its_exemption():
-    stale = [p for p in sorted(PENDING) if not (REPO / p).exists() or not _timings(REPO / p)]
-    assert not stale, f"{stale} no longer quote timings (or are gone): remove them from PENDING"
 
 
 def test_the_rules_catch_planted_figures(tmp_path):

@@ -65,13 +65,6 @@ class InferenceEngineConfig:
         "step's update; empty: no dump",
     )
     dump_keep_steps: int = setting(20, "steps kept in dump_dir (older ones are deleted); 0 keeps every step")
-    gc_full_threshold: int = setting(
-        1000,
-        "while the client runs, CPython's third GC threshold is at least this (middle-generation collections "
-        "between full ones; Python's default 10): each full collection scans every object of the process, "
-        "requests in flight included, and they were a third to a half of the client's CPU "
-        "(arealite/rollout/gc_tuning.py); 0 leaves the interpreter's thresholds alone",
-    )
 
     def __post_init__(self) -> None:
         check_choices(self, "rollout")
@@ -89,7 +82,6 @@ class InferenceEngineConfig:
             check_positive("rollout", name, getattr(self, name))
         check_positive("rollout", "stall_timeout", self.stall_timeout, allow_zero=True)
         check_positive("rollout", "dump_keep_steps", self.dump_keep_steps, allow_zero=True)
-        check_positive("rollout", "gc_full_threshold", self.gc_full_threshold, allow_zero=True)
 
 
 @dataclass

@@ -23,7 +23,7 @@ import os
 import weakref
 from typing import Any
 
-from arealite.config import JudgeConfig
+from arealite.config import GenerationHyperparameters, JudgeConfig
 from arealite.reward.batching import MicroBatcher, per_loop
 from arealite.reward.pool import RewardError
 from arealite.reward.verdict import VerdictError, logprob_verdict, text_verdict
@@ -108,39 +108,37 @@ class JudgeReward:
         return asyncio.run(self.ascore(prompt, completion, prompt_ids, completion_ids, **data))
 
     def _body(self, texts: list[str]) -> dict[str, Any]:
+        """The rollout client's /generate body, greedy; with the logprob verdict one token, whose
+        top logprobs carry the verdict."""
+        from arealite.rollout.protocol import generate_body
+
         c = self.config
-        if c.verdict == "logprob":  # one greedy token; its top logprobs carry the verdict
-            return {
-                "text": texts,
-                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-                "return_logprob": True,
-                "top_logprobs_num": c.top_logprobs,
-                "return_text_in_logprobs": True,
-            }
-        return {"text": texts, "sampling_params": {"max_new_tokens": c.max_new_tokens, "temperature": 0.0}}
+        logprob = c.verdict == "logprob"
+        budget = 1 if logprob else c.max_new_tokens
+        greedy = GenerationHyperparameters(max_new_tokens=budget, temperature=0.0)
+        return generate_body(texts, greedy, budget, top_logprobs=c.top_logprobs if logprob else 0)
 
     async def _judge(self, texts: list[str]) -> list[float | Exception]:
-        """One batched `/generate` call; one score or VerdictError per text."""
-        import aiohttp  # here: the config and the launchers import this package without it
+        """One batched `/generate` call through the rollout client's transport; one score or
+        VerdictError per text."""
+        from arealite.rollout.errors import TransientServerError
+        from arealite.rollout.protocol import error_message
+        from arealite.rollout.transport import Transport
 
         address = self.addresses[next(self._turn) % len(self.addresses)]
         self.stats["judge_batches"] += 1
         try:
-            # a session per batch: none outlives its event loop
-            async with (
-                aiohttp.ClientSession() as session,
-                session.post(f"http://{address}/generate", json=self._body(texts)) as response,
-            ):
-                if response.status != 200:
-                    detail = (await response.text())[:300]
-                    raise RewardError(f"judge server {address} answered {response.status}: {detail}")
-                results = await response.json()
+            async with Transport() as transport:  # one per batch: none outlives its event loop
+                status, results = await transport.request("POST", address, "/generate", self._body(texts))
         except asyncio.CancelledError:
             self.stats["judge_failed_batches"] += 1  # the batch's deadline passed
             raise
-        except (aiohttp.ClientError, OSError) as e:
+        except TransientServerError as e:
             self.stats["judge_failed_batches"] += 1
-            raise RewardError(f"judge server {address} unreachable: {type(e).__name__}: {e}") from e
+            raise RewardError(f"judge server {address} unreachable or failing: {e}") from e
+        if status != 200:
+            self.stats["judge_failed_batches"] += 1
+            raise RewardError(f"judge server {address} answered {status}: {error_message(results)[:300]}")
         return [self._verdict(r) for r in results]
 
     def _verdict(self, result: dict[str, Any]) -> float | Exception:

@@ -6,10 +6,10 @@ tensors are `[B]`. `versions` pads with -1 (no policy produced a pad), everythin
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Sequence
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 # Pad value of each per-token key that does not pad with 0.
 PAD_VALUES = {"versions": -1}
@@ -43,14 +43,6 @@ def concat_padded(items: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.T
     return out
 
 
-def _fill(typecode: str, value: int) -> bytes:
-    """One item of `typecode` holding `value`, as bytes: `_fill(...) * n` is n of them, made in C."""
-    return array(typecode, [value]).tobytes()
-
-
-_ZERO_I32, _ONE_I32, _NO_VERSION = _fill("i", 0), _fill("i", 1), _fill("q", -1)
-
-
 def trajectory_from_tokens(
     prompt_ids: Sequence[Sequence[int]],
     output_ids: Sequence[Sequence[int]],
@@ -60,60 +52,37 @@ def trajectory_from_tokens(
 ) -> dict[str, torch.Tensor]:
     """Build `input_ids, attention_mask, loss_mask, logprobs, versions` `[B, T]` from per-sample
     prompt and output token lists. `output_loss_mask` (default all ones) lets a workflow mark
-    output tokens it did not generate, such as tool or feedback text, with 0."""
-    rows = len(prompt_ids)
-    plens = [len(p) for p in prompt_ids]
-    lens = [p + len(o) for p, o in zip(plens, output_ids)]
-    width = max(lens)
-    # Built without a per-element Python step: this runs once per trajectory on the rollout
-    # client's event loop, where its cost adds to every sample (benchmarks/rollout_overhead.py).
-    # Ids and logprobs are gathered into flat lists (list += list copies pointers) and converted
-    # once: array(typecode, list) is twice as fast as array.extend(list), which grows the array
-    # item by item. Masks, pads and a sample's single version are repeated byte patterns. Tensor
-    # ops (arange, comparisons) cost more than all the rest for short samples, op dispatch
-    # being most of it.
-    ids: list[int] = []
-    logp: list[float] = []
-    vers, attention, mask = bytearray(), bytearray(), bytearray()
-    for b in range(rows):
-        p, o = plens[b], lens[b] - plens[b]
-        out_logp, out_vers = output_logprobs[b], output_versions[b]
-        if len(out_logp) != o or len(out_vers) != o:
+    output tokens it did not generate, such as tool or feedback text, with 0: such a token gets
+    logprob 0 and version -1, as a prompt token does."""
+    if not prompt_ids:
+        raise ValueError("trajectory_from_tokens needs at least one sample")
+    rows = []
+    for b, (prompt, output) in enumerate(zip(prompt_ids, output_ids)):
+        n = len(output)
+        logprobs = torch.as_tensor(output_logprobs[b], dtype=torch.float32)
+        versions = torch.as_tensor(output_versions[b], dtype=torch.long)
+        if len(logprobs) != n or len(versions) != n:
             raise ValueError(
-                f"sample {b}: {o} output tokens but {len(out_logp)} logprobs "
-                f"and {len(out_vers)} versions; they must align one to one"
+                f"sample {b}: {n} output tokens but {len(logprobs)} logprobs "
+                f"and {len(versions)} versions; they must align one to one"
             )
-        pad = width - p - o
-        ids += prompt_ids[b]
-        ids += output_ids[b]
-        ids += [0] * pad
-        attention += b"\x01" * (p + o)
-        attention += bytes(pad)
-        logp += [0.0] * p
-        vers += _NO_VERSION * p
-        mask += _ZERO_I32 * p
-        if output_loss_mask is None:  # every output token
-            mask += _ONE_I32 * o
-            logp += out_logp
-            if isinstance(out_vers, list) and o and out_vers.count(out_vers[0]) == o:  # one version: the usual case
-                vers += _fill("q", out_vers[0]) * o
-            else:
-                vers += array("q", out_vers).tobytes()
-        else:
-            m = [int(x) for x in output_loss_mask[b]]
-            if len(m) != o:
-                raise ValueError(f"sample {b}: {o} output tokens but a loss mask of {len(m)}")
-            mask += array("i", m).tobytes()
-            logp += [lp if k else 0.0 for lp, k in zip(out_logp, m)]
-            vers += array("q", [v if k else -1 for v, k in zip(out_vers, m)]).tobytes()
-        mask += _ZERO_I32 * pad
-        logp += [0.0] * pad
-        vers += _NO_VERSION * pad
-    # All [B, T]: logprobs aligned to the token itself, versions -1 on prompt and pad.
+        mask = torch.ones(n, dtype=torch.int32)
+        if output_loss_mask is not None:
+            mask = torch.as_tensor([int(x) for x in output_loss_mask[b]], dtype=torch.int32)
+            if len(mask) != n:
+                raise ValueError(f"sample {b}: {n} output tokens but a loss mask of {len(mask)}")
+        trained = mask.bool()
+        prompt_len = len(prompt)
+        rows.append(
+            {
+                "input_ids": torch.as_tensor([*prompt, *output], dtype=torch.long),
+                "attention_mask": torch.ones(prompt_len + n, dtype=torch.bool),
+                "loss_mask": torch.cat([torch.zeros(prompt_len, dtype=torch.int32), mask]),
+                # logprobs aligned to the token itself; versions -1 on the prompt (and, padded, the pad)
+                "logprobs": torch.cat([torch.zeros(prompt_len), logprobs.where(trained, 0.0)]),
+                "versions": torch.cat([torch.full((prompt_len,), -1), versions.where(trained, -1)]),
+            }
+        )
     return {
-        "input_ids": torch.frombuffer(array("q", ids), dtype=torch.long).view(rows, width),
-        "attention_mask": torch.frombuffer(attention, dtype=torch.bool).view(rows, width),
-        "loss_mask": torch.frombuffer(mask, dtype=torch.int32).view(rows, width),
-        "logprobs": torch.frombuffer(array("f", logp), dtype=torch.float32).view(rows, width),
-        "versions": torch.frombuffer(vers, dtype=torch.long).view(rows, width),
+        key: pad_sequence([row[key] for row in rows], batch_first=True, padding_value=pad_value(key)) for key in rows[0]
     }

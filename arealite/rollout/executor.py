@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import torch
-
 from arealite.config import InferenceEngineConfig
 from arealite.interfaces import AcceptFn, Batch, GenerationEngine, RolloutWorkflow, Trajectory
 from arealite.rollout.batch import concat_padded
@@ -60,30 +58,8 @@ def _oldest_version(traj: Trajectory) -> int | None:
     versions = traj.get("versions")
     if versions is None:
         return None
-    if versions.numel() <= 1024:  # short: a Python scan costs a third of three tensor ops' dispatch
-        produced = [v for v in versions.reshape(-1).tolist() if v >= 0]
-        return int(min(produced)) if produced else None
-    newest = int(versions.max())  # long: no boolean-indexed copy of the produced tokens
-    return None if newest < 0 else int(torch.where(versions >= 0, versions, newest).min())
-
-
-def _settled(loop: asyncio.AbstractEventLoop, tickets: list[asyncio.Future]) -> asyncio.Future:
-    """A future that resolves once every ticket is done or one has failed or been cancelled
-    (asyncio.wait's FIRST_EXCEPTION). Each ticket gets one callback for the whole call, so a
-    wait that wakes up every _POLL_S costs the same at any number of tickets (asyncio.wait on
-    the tickets adds and removes a callback on each of them at every wake-up)."""
-    settled = loop.create_future()
-    remaining = len(tickets)
-
-    def done(ticket: asyncio.Future) -> None:
-        nonlocal remaining
-        remaining -= 1
-        if not settled.done() and (remaining == 0 or ticket.cancelled() or ticket.exception() is not None):
-            settled.set_result(None)
-
-    for ticket in tickets:
-        ticket.add_done_callback(done)
-    return settled
+    produced = versions[versions >= 0]
+    return int(produced.min()) if produced.numel() else None
 
 
 def _as_records(batch: Any) -> list[dict[str, Any]]:
@@ -402,13 +378,14 @@ class WorkflowExecutor:
         self.schedule()
         waiting_since = time.monotonic()
         failure: BaseException | None = None
-        settled = _settled(loop, tickets)
+        pending = set(tickets)
         try:
             while True:
                 wake = min(self.watchdog.due(waiting_since), time.monotonic() + _POLL_S)
-                await asyncio.wait((settled,), timeout=max(0.0, wake - time.monotonic()))
-                if settled.done():
-                    break
+                timeout = max(0.0, wake - time.monotonic())
+                done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_EXCEPTION)
+                if not pending or any(t.cancelled() or t.exception() is not None for t in done):
+                    break  # all done, or one failed: gather below raises it
                 with self._lock:
                     failure = self._take_failure()
                 if failure is not None:  # e.g. a server refused to resume: these episodes would never start

@@ -58,16 +58,19 @@ def sampling_params(gconfig: GenerationHyperparameters) -> dict[str, Any]:
 
 
 def generate_body(
-    input_ids: list[int],
+    input_ids: list[int] | list[str],
     gconfig: GenerationHyperparameters,
     max_new_tokens: int,
     produced: int = 0,
     lora_name: str | None = None,
+    top_logprobs: int = 0,
 ) -> dict[str, Any]:
-    """The JSON body for one non-streamed /generate call with logprobs. `produced` is how many
-    tokens earlier (interrupted) calls of the same sample returned: they count towards
-    `min_new_tokens`. `lora_name`: the loaded LoRA adapter to generate with (SGLang's
-    `lora_path`, which takes the adapter's name); None: the base model."""
+    """The JSON body for one non-streamed /generate call with logprobs. `input_ids`: one
+    prompt's token ids, or a batch of prompt texts (SGLang's `text` list: one result each).
+    `produced` is how many tokens earlier (interrupted) calls of the same sample returned: they
+    count towards `min_new_tokens`. `lora_name`: the loaded LoRA adapter to generate with
+    (SGLang's `lora_path`, which takes the adapter's name); None: the base model.
+    `top_logprobs`: also the most likely tokens at each step, with their text."""
     params = sampling_params(gconfig)
     params["max_new_tokens"] = int(max_new_tokens)
     if "min_new_tokens" in params:
@@ -76,12 +79,16 @@ def generate_body(
             params["min_new_tokens"] = int(min_left)
         else:
             del params["min_new_tokens"]
-    body = {
-        "input_ids": list(map(int, input_ids)),  # 0.5.22+ rejects floats
+    texts = bool(input_ids) and isinstance(input_ids[0], str)
+    body: dict[str, Any] = {
+        **({"text": list(input_ids)} if texts else {"input_ids": list(map(int, input_ids))}),  # 0.5.22+ rejects floats
         "sampling_params": params,
         "return_logprob": True,
         "stream": False,
     }
+    if top_logprobs:
+        body["top_logprobs_num"] = int(top_logprobs)
+        body["return_text_in_logprobs"] = True
     if lora_name:
         body["lora_path"] = lora_name
     if gconfig.logprob_truncation is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from arealite.config import InferenceEngineConfig
 from arealite.interfaces import AcceptFn, Batch, RolloutWorkflow
-from arealite.rollout import gc_tuning, protocol
+from arealite.rollout import protocol
 from arealite.rollout.errors import RolloutError, ServerUnavailable, TransientServerError
 from arealite.rollout.executor import WorkflowExecutor
 from arealite.rollout.gate import VersionGate
@@ -73,7 +73,6 @@ class RemoteSGLangEngine:
         self.executor = WorkflowExecutor(config, self.gate, self._loop, self, diagnose)
         self._control = asyncio.Lock()  # pause and resume reach the servers in the order they were called
         self._resuming: concurrent.futures.Future | None = None  # the last resume(wait=False)
-        self._gc_held = False  # holds rollout.gc_full_threshold (gc_tuning) between initialize and destroy
         self.generator = SampleGenerator(
             self.transport, self.pool, self.gate, config, self.health.probe, self.executor.watchdog.progress
         )
@@ -91,7 +90,6 @@ class RemoteSGLangEngine:
     def initialize(self) -> None:
         """Start the event loop thread and wait until every server answers /health."""
         self._loop.start()
-        self._gc_held = self._gc_held or gc_tuning.hold(self.config.gc_full_threshold)
         try:
             self._loop.run(self._ainitialize())
         except BaseException:
@@ -118,11 +116,7 @@ class RemoteSGLangEngine:
         self.health.start()
 
     def destroy(self) -> None:
-        """Cancel running workflows, close the HTTP session, stop the loop thread and give back the
-        GC tuning (gc_tuning.py)."""
-        if self._gc_held:
-            self._gc_held = False
-            gc_tuning.release()
+        """Cancel running workflows, close the HTTP session and stop the loop thread."""
         if not self._loop.running:
             return
         try:

@@ -1,50 +1,72 @@
 """`Transport`: every HTTP call of the rollout client to a server, mapped onto typed errors.
 
+One aiohttp `ClientSession` per transport, opened and closed on the event loop that uses it.
 Connection errors, timeouts and 5xx become TransientServerError (worth a retry, perhaps on
 another server); other statuses are returned to the caller, who knows what they mean for
-its endpoint. The transport owns the client's one connection pool (`http1.ConnectionPool`);
-the parts of the client (generation, health, weight updates, the watchdog) receive the
-transport and never the pool, so tests of HTTP shapes can hand them a fake
-(tests/rollout/fakes.py).
+its endpoint. The parts of the client (generation, health, weight updates, the watchdog)
+receive the transport and never the session, so tests of HTTP shapes can hand them a fake
+(tests/rollout/fakes.py); the LLM judge sends through a transport of its own.
+
+An address is `host:port` (plain HTTP) or a URL base such as `https://host:port`; proxies
+named by the usual environment variables (`HTTP_PROXY`, `NO_PROXY`, ...) are honoured.
+`abandon(address)` cancels the requests in flight to a server at once (the rollout client's
+`ServerPool` calls it when the server leaves the rotation): they raise TransientServerError.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 from arealite.rollout.errors import TransientServerError
-from arealite.rollout.http1 import ConnectionPool
 from arealite.rollout.protocol import error_message
 
-# Seconds an idle pooled connection is kept (aiohttp's client: 15). Between two rollout
-# batches the client idles for a training step, often longer than that; with the default
-# every request of the next batch then opens a new connection, which at 1,024 requests in
-# flight nearly doubled the client's CPU per trajectory (0.28 -> 0.51 ms with a 20 s pause
-# before each batch; scale.py (c)'s stubs and workflow). The server may still close them
-# sooner: a connection it closed is seen as such when taken from the pool, and replaced.
+# Seconds an idle connection is kept (aiohttp's default: 15). Between two rollout batches the
+# client idles for a training step, often longer than that; with the default every request of
+# the next batch would open a new connection. A server may close one sooner (uvicorn after
+# 5 s): aiohttp sees the close and connects anew.
 KEEPALIVE_S = 600.0
 
 
+def base_url(address: str) -> str:
+    """`http://host:port` for a bare `host:port`; an address with a scheme as given."""
+    return address.rstrip("/") if "://" in address else f"http://{address}"
+
+
 class Transport:
-    """The client's connection pool, opened and closed on the rollout event loop."""
+    """The client's HTTP session (module docstring); also an async context manager."""
 
     def __init__(self) -> None:
-        self._pool: ConnectionPool | None = None
+        self._session: Any = None  # aiohttp.ClientSession once open
+        self._flight: dict[str, set[asyncio.Task]] = {}  # by address: the tasks waiting on a reply
+        self._abandoned: dict[asyncio.Task, str] = {}  # cancelled by abandon(), with the reason
 
     async def open(self) -> None:
-        self._pool = ConnectionPool(KEEPALIVE_S)
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)  # limit=0: no cap in flight
+        self._session = aiohttp.ClientSession(connector=connector, trust_env=True)
 
     async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> Transport:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
     def abandon(self, address: str, reason: str) -> None:
-        """Fail every request in flight to `address` now (TransientServerError naming `reason`)."""
-        if self._pool is not None:
-            self._pool.abandon(address, f"left the rotation: {reason}")
+        """Cancel every request in flight to `address` now; each raises TransientServerError naming `reason`."""
+        for task in self._flight.get(address, ()):
+            if task not in self._abandoned:
+                self._abandoned[task] = reason
+                task.cancel()
 
     async def request(
         self,
@@ -60,16 +82,36 @@ class Transport:
 
         `setting` names the config field `timeout` comes from, so a timeout says what to raise.
         """
-        if self._pool is None:
+        import aiohttp
+
+        if self._session is None:
             raise RuntimeError("the rollout client is not initialized; call initialize() or use it in a with block")
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        headers = None if data is None else {"Content-Type": "application/json"}
+        task = asyncio.current_task()
+        flight = self._flight.setdefault(address, set())
+        flight.add(task)
         try:
-            status, raw = await self._pool.request(method, address, path, data, timeout)
+            async with self._session.request(
+                method, base_url(address) + path, data=data, headers=headers, timeout=aiohttp.ClientTimeout(timeout)
+            ) as response:
+                status, raw = response.status, await response.read()
+        except asyncio.CancelledError:
+            reason = self._abandoned.pop(task, None)
+            if reason is None or _uncancel(task) > 0:  # cancelled by its caller (too): stays cancelled
+                raise
+            raise TransientServerError(
+                f"{method} {path} abandoned: left the rotation: {reason}", address, rid
+            ) from None
         except asyncio.TimeoutError as e:
             hint = f"; raise {setting} if the server is only slow" if setting else ""
             raise TransientServerError(f"{method} {path} timed out after {timeout}s{hint}", address, rid) from e
-        except OSError as e:
+        except (aiohttp.ClientError, OSError) as e:
             raise TransientServerError(f"{method} {path} failed: {type(e).__name__}: {e}", address, rid) from e
+        finally:
+            flight.discard(task)
+            if self._abandoned.pop(task, None) is not None:  # abandoned as the reply came: not an error
+                _uncancel(task)
         try:
             parsed: Any = json.loads(raw) if raw else None
         except ValueError:
@@ -77,3 +119,8 @@ class Transport:
         if status >= 500:
             raise TransientServerError(f"{method} {path} returned {status}: {error_message(parsed)}", address, rid)
         return status, parsed
+
+
+def _uncancel(task: asyncio.Task) -> int:
+    """Withdraw one cancel() request of `task`; the number left (Python 3.10 does not count them: 0)."""
+    return task.uncancel() if sys.version_info >= (3, 11) else 0

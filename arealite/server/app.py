@@ -139,7 +139,6 @@ async def handle_server_info(request: web.Request) -> web.Response:
         startup_time=state.started_at,
         frontend="python",
         model_impl=state.runner.impl,  # the forward in use (`auto` resolved)
-        decode_attention=state.runner.decode_attention,  # `compiled`: the lean forward's CPU kernel
     )
     return json_response(info)
 

@@ -1,8 +1,7 @@
 """The lean runner's KV cache: preallocated rows, written in place, rows moved only when one leaves.
 
-Two tensors per cache: values `[layers, rows, kv_heads, columns, head_dim]` and keys the same,
-or with `keys_transposed` `[layers, rows, kv_heads, head_dim, columns]` (the layout the CPU
-decode kernel reads, decode_kernel.py). Row r is one running sequence; its tokens sit at
+Two tensors per cache, keys and values, each `[layers, rows, kv_heads, columns, head_dim]`.
+Row r is one running sequence; its tokens sit at
 columns 0..len_r-1, so a token's column is its position id and no row is padded on the left.
 A decode step writes each row's new key/value at column len_r and attends over columns
 0..len_r (sdpa: over 0..max(len) with a mask that hides each row's columns past its own
@@ -32,13 +31,11 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
-        keys_transposed: bool = False,
     ):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.dtype, self.device = dtype, torch.device(device)
-        self.keys_transposed = keys_transposed
-        self.k = self._empty(0, 0, keys_transposed)
-        self.v = self._empty(0, 0, False)
+        self.k = self._empty(0, 0)
+        self.v = self._empty(0, 0)
         self.lens: list[int] = []  # cached tokens per row (Python: widths need no device sync)
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [rows] the same, on the device
         self._columns = torch.zeros(0, dtype=torch.long, device=self.device)  # arange(columns)
@@ -79,7 +76,7 @@ class KVCache:
             dst = torch.tensor(holes, dtype=torch.long, device=self.device)
             src = torch.tensor(movers, dtype=torch.long, device=self.device)
             width = max(self.lens[m] for m in movers)
-            for t in (self._logical(self.k), self.v):
+            for t in (self.k, self.v):
                 t[:, dst, :, :width] = t[:, src, :, :width]
             self.pos[dst] = self.pos[src]
         self.lens = [self.lens[i] for i in order]
@@ -91,13 +88,9 @@ class KVCache:
 
     # ---- what the forward reads and writes -------------------------------------------------
 
-    def _logical(self, keys: torch.Tensor) -> torch.Tensor:
-        """Keys stored by this cache as [..., columns, head_dim] (a strided view when transposed)."""
-        return keys.transpose(-1, -2) if self.keys_transposed else keys
-
     def keys(self, layer: int) -> torch.Tensor:
         """Layer `layer`'s keys as [rows, kv_heads, columns, head_dim]."""
-        return self._logical(self.k[layer])
+        return self.k[layer]
 
     def values(self, layer: int) -> torch.Tensor:
         return self.v[layer]
@@ -108,15 +101,12 @@ class KVCache:
         self.keys(layer)[start : start + n, :, :length] = k
         self.v[layer, start : start + n, :, :length] = v
 
-    def begin_decode(self, masked: bool = True) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    def begin_decode(self) -> tuple[torch.Tensor, int, torch.Tensor]:
         """Before a decode step: (positions [B] of the incoming tokens, the width to attend
-        over, an additive mask [B, 1, 1, width] hiding each row's columns past its token).
-        Without `masked` (the decode kernel writes and masks by itself) the mask is None."""
+        over, an additive mask [B, 1, 1, width] hiding each row's columns past its token)."""
         width = max(self.lens) + 1
         self._grow(self.size, width)
         pos = self.pos[: self.size]
-        if not masked:
-            return pos, width, None
         hidden = self._columns[None, :width] > pos[:, None]
         mask = torch.zeros(hidden.shape, dtype=self.dtype, device=self.device).masked_fill_(
             hidden, torch.finfo(self.dtype).min
@@ -128,9 +118,7 @@ class KVCache:
 
     def write_decode(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """k/v [B, kv_heads, head_dim]: each row's new token at its column (the position
-        `begin_decode` returned). The sdpa path's write: with transposed keys the decode kernel writes."""
-        if self.keys_transposed:
-            raise RuntimeError("write_decode: transposed keys are written by the decode kernel (decode_kernel.py)")
+        `begin_decode` returned)."""
         d = self.head_dim
         self.k[layer].view(-1, d).index_copy_(0, self._slots, k.reshape(-1, d))
         self.v[layer].view(-1, d).index_copy_(0, self._slots, v.reshape(-1, d))
@@ -141,9 +129,9 @@ class KVCache:
 
     # ---- capacity --------------------------------------------------------------------------
 
-    def _empty(self, rows: int, columns: int, transposed: bool) -> torch.Tensor:
-        last = (self.head_dim, columns) if transposed else (columns, self.head_dim)
-        return torch.zeros(self.layers, rows, self.kv_heads, *last, dtype=self.dtype, device=self.device)
+    def _empty(self, rows: int, columns: int) -> torch.Tensor:
+        shape = (self.layers, rows, self.kv_heads, columns, self.head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
 
     def _grow(self, rows: int, columns: int) -> None:
         have_rows, have_cols = self.v.shape[1], self.v.shape[3]
@@ -151,8 +139,8 @@ class KVCache:
             return
         new_rows = max(rows, 2 * have_rows) if rows > have_rows else have_rows
         new_cols = max(columns, 2 * have_cols, MIN_COLUMNS) if columns > have_cols else have_cols
-        k, v = self._empty(new_rows, new_cols, self.keys_transposed), self._empty(new_rows, new_cols, False)
-        self._logical(k)[:, :have_rows, :, :have_cols] = self._logical(self.k)
+        k, v = self._empty(new_rows, new_cols), self._empty(new_rows, new_cols)
+        k[:, :have_rows, :, :have_cols] = self.k
         v[:, :have_rows, :, :have_cols] = self.v
         pos = torch.zeros(new_rows, dtype=torch.long, device=self.device)
         pos[:have_rows] = self.pos

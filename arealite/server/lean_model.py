@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from arealite.server import decode_kernel
 from arealite.server.kv_cache import KVCache
 
 SUPPORTED = ("llama", "mistral", "qwen2")  # model_type values: pre-norm decoders with rotary, GQA, SwiGLU
@@ -110,9 +109,6 @@ class LeanModel:
         self.scaling = float(attn.scaling)
         self.intermediate = model.model.layers[0].mlp.gate_proj.out_features
         self._cos = self._sin = torch.zeros(0)
-        # CPU fp32: the compiled decode attention (decode_kernel.py) when it builds here, else sdpa
-        use_kernel = self.device.type == "cpu" and dtype == torch.float32
-        self.decode_kernel = decode_kernel.load(self.head_dim, self.group) if use_kernel else None
         self._build()
 
     # ---- weights ---------------------------------------------------------------------------
@@ -197,14 +193,7 @@ class LeanModel:
     # ---- the forward -----------------------------------------------------------------------
 
     def new_batch(self) -> KVCache:
-        return KVCache(
-            len(self.layers),
-            self.kv_heads,
-            self.head_dim,
-            self.dtype,
-            self.device,
-            keys_transposed=self.decode_kernel is not None,
-        )
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
 
     def _layer(self, x: torch.Tensor, i: int, attend) -> torch.Tensor:
         """One decoder layer on x [..., hidden]; `attend(i, qk, v)` does rotary, cache and attention."""
@@ -264,14 +253,10 @@ class LeanModel:
 
     def decode(self, cache: KVCache, tokens: torch.Tensor) -> torch.Tensor:
         """One pending token per row ([B] long); writes its key/value; fp32 logits [B, V]."""
-        batch, kernel = tokens.shape[0], self.decode_kernel
-        pos, width, mask = cache.begin_decode(masked=kernel is None)
+        batch = tokens.shape[0]
+        pos, width, mask = cache.begin_decode()
         cos, sin = self._rope(width)
         cos, sin = cos[pos][:, None, :], sin[pos][:, None, :]  # [B, 1, D]
-
-        def attend_kernel(i: int, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            qk = self._rotate(qk, cos, sin)  # [B, H + H_kv, D]
-            return kernel(qk[:, : self.heads], qk[:, self.heads :], v, cache.k[i], cache.v[i], pos, self.scaling)
 
         def attend(i: int, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             qk = self._rotate(qk, cos, sin)  # [B, H + H_kv, D]
@@ -285,6 +270,6 @@ class LeanModel:
 
         x = F.embedding(tokens.to(self.device), self.embed)
         for i in range(len(self.layers)):
-            x = self._layer(x, i, attend if kernel is None else attend_kernel)
+            x = self._layer(x, i, attend)
         cache.end_decode()
         return self._logits(x)

@@ -101,12 +101,6 @@ class ModelRunner:
     def lora(self, adapters: AdapterSet) -> None:
         self._lora = self.forward.lora = adapters  # the lean forward applies them itself
 
-    @property
-    def decode_attention(self) -> str:
-        """`compiled` where the lean forward runs its CPU decode kernel (decode_kernel.py), else `sdpa`."""
-        compiled = isinstance(self.forward, LeanModel) and self.forward.decode_kernel is not None
-        return "compiled" if compiled else "sdpa"
-
     def _choose(self, model_impl: str) -> LeanModel | TransformersForward:
         reason = unsupported_reason(self.model) if model_impl != "transformers" else None
         if model_impl == "transformers" or (model_impl == "auto" and reason is not None):
