@@ -39,6 +39,11 @@ class DatasetConfig:
         0, 'type=arithmetic: smallest operand (e.g. 32 with max 99 and ops "*": four-digit products)'
     )
     ops: str = setting("+-", "type=arithmetic: operators to draw from (any of + - *)")
+    question: str = setting(
+        "{a}{op}{b}=",
+        "type=arithmetic: the user message, a format string of {a}, {op}, {b}; an instruction for an instruct model "
+        '(e.g. "What is {a} {op} {b}? Reply with only the number.")',
+    )
     median_steps: float = setting(7.0, "type=walk: median number of worked steps (log-normal, so a long tail)")
     max_steps: int = setting(99, "type=walk: most steps of a problem (at most 99)")
 

@@ -16,13 +16,23 @@ from __future__ import annotations
 import random
 from typing import Any
 
+BARE_QUESTION = "{a}{op}{b}="
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
 def make_arithmetic_dataset(
-    num_samples: int, seed: int = 0, max_operand: int = 20, ops: str = "+-", split: str = "train", min_operand: int = 0
+    num_samples: int,
+    seed: int = 0,
+    max_operand: int = 20,
+    ops: str = "+-",
+    split: str = "train",
+    min_operand: int = 0,
+    question: str = BARE_QUESTION,
 ) -> list[dict[str, Any]]:
-    """`num_samples` records `{"id", "messages", "answer"}`; train and test splits differ."""
+    """`num_samples` records `{"id", "messages", "answer"}`; train and test splits differ.
+
+    `question` is the user message, a format string of `{a}`, `{op}` and `{b}`: the bare
+    `17+5=` for a model trained from scratch, an instruction for an instruct model."""
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples} must be >= 1")
     if not 0 <= min_operand <= max_operand:
@@ -30,6 +40,13 @@ def make_arithmetic_dataset(
     bad = set(ops) - set(_OPS)
     if bad or not ops:
         raise ValueError(f"ops={ops!r} may only contain {sorted(_OPS)}")
+    try:
+        question.format(a=1, op="+", b=2)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ValueError(
+            f"question={question!r} is not a format string of {{a}}, {{op}} and {{b}} ({e!r}); "
+            'e.g. "What is {a} {op} {b}? Reply with only the number."'
+        ) from None
     rng = random.Random(f"{seed}-{split}")
     out = []
     for i in range(num_samples):
@@ -38,7 +55,7 @@ def make_arithmetic_dataset(
         out.append(
             {
                 "id": f"arith-{split}-{seed}-{i}",
-                "messages": [{"role": "user", "content": f"{a}{op}{b}="}],
+                "messages": [{"role": "user", "content": question.format(a=a, op=op, b=b)}],
                 "answer": str(_OPS[op](a, b)),
             }
         )

@@ -38,7 +38,7 @@ def load_records(
     if config.type == "arithmetic":
         return make_arithmetic_dataset(
             config.num_samples, seed=seed, max_operand=config.max_operand, ops=config.ops, split=split,
-            min_operand=config.min_operand,
+            min_operand=config.min_operand, question=config.question,
         )  # fmt: skip
     if config.type == "walk":
         return make_walk_dataset(
