@@ -30,6 +30,8 @@ _EXPORTS = {
     "held_out_records": "arealite.eval.task",
     # rollout
     "RemoteSGLangEngine": "arealite.rollout.remote_sglang",
+    "RemoteVLLMEngine": "arealite.rollout.remote_vllm",
+    "rollout_client": "arealite.rollout.remote_vllm",
     "StepBatches": "arealite.rollout.step_batches",
     "DynamicSampler": "arealite.rollout.dynamic_sampling",
     "LockstepRollout": "arealite.rollout.lockstep",
@@ -90,6 +92,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run
     from arealite.rollout.dynamic_sampling import DynamicSampler
     from arealite.rollout.lockstep import LockstepRollout
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
+    from arealite.rollout.remote_vllm import RemoteVLLMEngine, rollout_client
     from arealite.rollout.step_batches import StepBatches
     from arealite.server.process import launch_server_process
     from arealite.stats.batch import batch_stats

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from transformers import AutoTokenizer
 
 from arealite import (
-    EngineGroup, Evaluator, GRPOConfig, PPOActor, PPOCritic, Recover, ReferenceModel, RemoteSGLangEngine,
+    EngineGroup, Evaluator, GRPOConfig, PPOActor, PPOCritic, Recover, ReferenceModel, rollout_client,
     RewardPool, RLVRWorkflow, RunSummary, StatsLogger, StatsTracker, StepBatches, StepTimer, WeightSync,
     batch_stats, held_out_records, init_distributed, load_config, reward_fn_for, save_config, train_dataloader,
 )  # fmt: skip
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
 
     # Everything that holds a resource is closed on the way out, errors included.
     with (
-        RemoteSGLangEngine(config.rollout) as rollout,  # the servers in AREAL_LLM_SERVER_ADDRS
+        rollout_client(config) as rollout,  # the servers in AREAL_LLM_SERVER_ADDRS (server.backend's protocol)
         PPOActor(config.actor, config.gconfig, total) as actor,
         PPOCritic(config.critic, total) if config.critic else nullcontext() as critic,  # PPO
         ReferenceModel(config.ref, config.gconfig) if config.ref else nullcontext() as ref,  # the KL's anchor

@@ -46,6 +46,7 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+VLLM_TESTS = "tests/vllm/"  # one vLLM server for the session (tests/vllm/conftest.py): one worker owns it
 CLUSTER_TESTS = ("tests/launcher/test_ray.py", "tests/launcher/test_slurm.py", "tests/multinode/")
 
 
@@ -62,5 +63,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _starts_a_cluster(item):
             item.add_marker(pytest.mark.xdist_group("clusters"))
+        elif Path(str(item.fspath)).relative_to(REPO_ROOT).as_posix().startswith(VLLM_TESTS):
+            item.add_marker(pytest.mark.xdist_group("vllm"))
         if not HAS_CUDA and "cuda" in item.keywords:
             item.add_marker(skip)

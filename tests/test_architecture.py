@@ -144,13 +144,14 @@ def test_dependencies_point_one_way(source, forbidden):
 
 
 def test_rollout_parts_do_not_know_the_client():
-    """Inside rollout/, only the package's __init__ imports the client that assembles the parts."""
+    """Inside rollout/, only the package's __init__ imports the client that assembles the parts (and the
+    vLLM client, which is that client with vLLM's protocol adapter)."""
     importers = sorted(
         name
         for name, targets in _graph().items()
         if name.startswith("arealite.rollout") and "arealite.rollout.remote_sglang" in targets
     )
-    assert importers == ["arealite.rollout"]
+    assert importers == ["arealite.rollout", "arealite.rollout.remote_vllm"]
 
 
 def _arealite_modules_imported_by(path: Path) -> set[str]:

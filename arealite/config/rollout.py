@@ -86,9 +86,21 @@ class InferenceEngineConfig:
 
 @dataclass
 class ServerConfig:
-    """Inference servers: the built-in CPU server or SGLang."""
+    """Inference servers: the built-in CPU server, SGLang or vLLM."""
 
-    backend: ServerBackend = setting("auto", "auto (SGLang with CUDA, built-in otherwise) | builtin | sglang | vllm")
+    backend: ServerBackend = setting(
+        "auto",
+        "auto (SGLang with CUDA, built-in otherwise) | builtin | sglang | vllm (vLLM's RL routes, from its own "
+        "environment, see vllm_python; the trainer script's client is then `RemoteVLLMEngine`, which "
+        "`arealite.rollout_client(config)` picks; weight_update=disk only). Unlike verl, OpenRLHF and "
+        "SkyRL, which run vLLM inside their trainer's processes, arealite runs it as a server and talks HTTP "
+        "to its own routes, as AReaL, SkyRL's HTTP mode and prime-rl do",
+    )
+    vllm_python: str = setting(
+        "",
+        "with backend=vllm: the interpreter of vLLM's environment; empty: $AREALITE_VLLM_PYTHON, else "
+        "~/.venvs/arealite-vllm/bin/python (the README's install)",
+    )
     model_path: str = setting("", "defaults to actor.path")
     dtype: ServerDtype = setting("auto", "--dtype of the server")
     context_length: int | None = setting(None, "defaults to the model's max_position_embeddings")

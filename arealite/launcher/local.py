@@ -127,7 +127,7 @@ class LocalRun:
             env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})  # it stops once the launcher is gone
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
-            if backend == "builtin":  # torch threads = its reserved CPUs, as for the trainer (see trainer_env)
+            if backend in ("builtin", "vllm"):  # torch threads = its reserved CPUs, as for the trainer (trainer_env)
                 env.setdefault("OMP_NUM_THREADS", str(launcher.cpus_per_server))
             server = SupervisedServer(
                 name=f"server-{i}",

@@ -2,8 +2,11 @@
 
 On GPUs the launchers run real SGLang (`python -m sglang.launch_server`); everywhere else the
 built-in server (`python -m arealite.server`, SGLang's protocol on transformers). Both take
-the same flag names for what they share (docs/protocol.md §5). CUDA is detected without
-importing torch: from CUDA_VISIBLE_DEVICES, else from `nvidia-smi -L`.
+the same flag names for what they share (docs/protocol.md §5). `server.backend=vllm` runs
+vLLM's OpenAI server with its RL routes on (docs/protocol.md §11), from the interpreter of
+its own environment (`vllm_python`): vLLM pins torch and transformers, so it is installed
+beside arealite, not into its environment. CUDA is detected without importing torch: from
+CUDA_VISIBLE_DEVICES, else from `nvidia-smi -L`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,60 @@ def resolve_backend(server: ServerConfig, gpus: list[str] | None = None) -> str:
     return "sglang" if (visible_gpus() if gpus is None else gpus) else "builtin"
 
 
+# The interpreter of vLLM's environment: this variable, else the README's install location.
+VLLM_PYTHON_ENV = "AREALITE_VLLM_PYTHON"
+DEFAULT_VLLM_VENV = "~/.venvs/arealite-vllm"
+
+
+def vllm_python(configured: str = "") -> str:
+    """vLLM's Python: `configured` (server.vllm_python), else $AREALITE_VLLM_PYTHON, else the README's venv."""
+    return configured or os.environ.get(VLLM_PYTHON_ENV) or os.path.expanduser(f"{DEFAULT_VLLM_VENV}/bin/python")
+
+
+def vllm_command(
+    python: str,
+    model: str,
+    host: str,
+    port: int,
+    *,
+    dtype: str = "float32",
+    max_model_len: int | None = None,
+    seed: int = 1,
+    max_num_seqs: int = 64,
+    cpu: bool = True,
+) -> list[str]:
+    """The argv of one vLLM server for arealite's client (docs/protocol.md §11).
+
+    It starts with `env VARS...`, which execs the server (same pid, same signals), so every
+    launcher, local, Ray or Slurm, runs it with its settings and no launcher-specific code:
+    - `VLLM_SERVER_DEV_MODE=1` turns on pause / resume / reload / version routes (unauthenticated:
+      the server must listen on a private address, as the launchers' servers do);
+    - `--enable-scale-out` turns on token-in/token-out `/inference/v1/generate`;
+    - `--logprobs-mode processed_logprobs`: logprobs of the distribution sampled from (after
+      temperature), what the trainer recomputes; vLLM's default is temperature-1 logprobs;
+    - `--generation-config vllm`: the model's generation_config.json does not change sampling;
+    - on a CPU: `--enforce-eager` (no compile warm-up: a faster start), no chunked prefill (see
+      below), and vLLM's threads left to OpenMP's defaults instead of one core per server.
+    """
+    env = ["env", "VLLM_SERVER_DEV_MODE=1"]
+    if cpu:
+        # vLLM pins its compute to a single core per server unless told; the launcher reserves the cores
+        kv_gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU default (4 GiB) is more than a test needs
+        env += ["VLLM_CPU_OMP_THREADS_BIND=nobind", f"VLLM_CPU_KVCACHE_SPACE={kv_gib}"]
+    cmd = env + [python, "-I", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--seed", str(seed)]
+    cmd += ["--max-num-seqs", str(max_num_seqs), "--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
+    cmd += ["--generation-config", "vllm"]
+    if max_model_len is not None:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if cpu:
+        # A split (chunked) prefill discards the token it samples, and on a CPU that rewinds the request's
+        # generator, which CPU generators cannot do: with a per-request seed the engine crashes. Unsplit
+        # prefills never discard, so seeds are safe. `uni`: the worker runs inside the engine process.
+        cmd += ["--enforce-eager", "--no-enable-chunked-prefill", "--distributed-executor-backend", "uni"]
+    return cmd
+
+
 def model_path(config: GRPOConfig) -> str:
     """`server.model_path`, else `actor.path`; fails naming both when neither is set."""
     path = config.server.model_path or config.actor.path
@@ -54,13 +111,15 @@ def server_command(config: GRPOConfig, host: str, port: int, backend: str, pytho
     runs the server (default: this one).
     """
     server = config.server
+    if backend == "vllm":
+        return _vllm_server_command(config, host, port)
     python = python or sys.executable
     if backend == "sglang":
         cmd = [python, "-m", "sglang.launch_server", "--tp-size", str(config.launcher.gpus_per_server)]
     elif backend == "builtin":
         cmd = [python, "-m", "arealite.server"]
     else:
-        raise ConfigError(f"server backend {backend!r} is not supported; choose 'builtin' or 'sglang'")
+        raise ConfigError(f"server backend {backend!r} is not supported; choose 'builtin', 'sglang' or 'vllm'")
     cmd += ["--model-path", model_path(config), "--host", host, "--port", str(port)]
     if server.dtype != "auto":
         cmd += ["--dtype", server.dtype]
@@ -74,6 +133,37 @@ def server_command(config: GRPOConfig, host: str, port: int, backend: str, pytho
     if config.weight_update == "lora" and lora is not None:
         # adapters are loaded at run time: the server must reserve their rank and layers up front
         cmd += ["--enable-lora", "--max-lora-rank", str(lora.rank), "--lora-target-modules", *lora.target_modules]
+    return cmd + list(server.extra_args)
+
+
+def _vllm_server_command(config: GRPOConfig, host: str, port: int) -> list[str]:
+    """`server_command` for backend=vllm: the server's settings in vLLM's flags."""
+    server = config.server
+    if server.deterministic:
+        raise ConfigError(
+            "server.deterministic=true is not supported with server.backend=vllm (vLLM's batch invariance needs "
+            "a GPU build with Triton); set server.deterministic=false"
+        )
+    if config.weight_update != "disk":
+        raise ConfigError(
+            f"weight_update={config.weight_update} is not supported with server.backend=vllm yet; "
+            "set weight_update=disk"
+        )
+    gpus = visible_gpus()
+    dtype = server.dtype if server.dtype != "auto" or gpus else "float32"  # vLLM's auto is bf16 even on a CPU
+    cmd = vllm_command(
+        vllm_python(server.vllm_python),
+        model_path(config),
+        host,
+        port,
+        dtype=dtype,
+        max_model_len=server.context_length,
+        seed=server.random_seed,
+        max_num_seqs=server.max_running_requests,
+        cpu=not gpus,
+    )
+    if config.launcher.gpus_per_server > 1:
+        cmd += ["--tensor-parallel-size", str(config.launcher.gpus_per_server)]
     return cmd + list(server.extra_args)
 
 

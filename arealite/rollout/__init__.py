@@ -1,4 +1,4 @@
-"""The rollout client: talks to SGLang-protocol inference servers and runs workflows on them."""
+"""The rollout client: talks to SGLang-protocol or vLLM inference servers and runs workflows on them."""
 
 from arealite.rollout.errors import (
     GenerationError,
@@ -8,12 +8,15 @@ from arealite.rollout.errors import (
     WeightUpdateError,
 )
 from arealite.rollout.executor import RolloutWorkflowError, WorkflowExecutor
-from arealite.rollout.remote_sglang import RemoteSGLangEngine
+from arealite.rollout.remote_sglang import RemoteInferenceEngine, RemoteSGLangEngine
+from arealite.rollout.remote_vllm import RemoteVLLMEngine
 from arealite.rollout.watchdog import RolloutStalledError
 
 __all__ = [
     "GenerationError",
+    "RemoteInferenceEngine",
     "RemoteSGLangEngine",
+    "RemoteVLLMEngine",
     "RolloutError",
     "RolloutStalledError",
     "RolloutWorkflowError",

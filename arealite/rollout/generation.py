@@ -38,7 +38,9 @@ class SampleGenerator:
         config: InferenceEngineConfig,
         probe: Callable[[str], Awaitable[bool]],
         on_progress: Callable[[], None],
+        server_protocol: protocol.SGLangProtocol | None = None,
     ) -> None:
+        self._protocol = server_protocol or protocol.SGLangProtocol()
         self._transport = transport
         self._pool = pool
         self._gate = gate
@@ -79,7 +81,9 @@ class SampleGenerator:
                 break
             try:
                 # a server taken out of rotation meanwhile fails the request at once (ServerPool.on_take_out)
-                chunk = await self._generate_once(address, prompt, req, now_budget, resp.output_len, lora_name)
+                chunk = await self._generate_once(
+                    address, prompt, req, now_budget, resp.output_len, lora_name, sent_version
+                )
             except TransientServerError as e:
                 failures = await self._after_failure(address, e, failures)
                 continue
@@ -111,21 +115,25 @@ class SampleGenerator:
         max_new_tokens: int,
         produced: int,
         lora_name: str | None = None,
+        version: int = 0,
     ) -> protocol.GenerateChunk:
-        body = protocol.generate_body(prompt, req.gconfig, max_new_tokens, produced, lora_name)
+        server = self._protocol
+        try:
+            body = server.generate_body(prompt, req.gconfig, max_new_tokens, produced, lora_name, version)
+        except ValueError as e:  # a setting this backend refuses
+            raise GenerationError(str(e), address, req.rid) from e
+        path = server.generate_path
         status, reply = await self._transport.request(
-            "POST", address, "/generate", body, self.config.request_timeout, req.rid, "rollout.request_timeout"
+            "POST", address, path, body, self.config.request_timeout, req.rid, "rollout.request_timeout"
         )
         if status != 200:
-            raise GenerationError(f"/generate returned {status}: {protocol.error_message(reply)}", address, req.rid)
+            raise GenerationError(f"{path} returned {status}: {protocol.error_message(reply)}", address, req.rid)
         try:
-            chunk = protocol.parse_generate_reply(reply)
+            chunk = server.parse_generate(reply)
         except ValueError as e:
-            raise GenerationError(f"malformed /generate reply: {e}", address, req.rid) from e
+            raise GenerationError(f"malformed {path} reply: {e}", address, req.rid) from e
         if chunk.error_status is not None:
-            raise GenerationError(
-                f"/generate aborted with status {chunk.error_status}: {chunk.message}", address, req.rid
-            )
+            raise GenerationError(f"{path} aborted with status {chunk.error_status}: {chunk.message}", address, req.rid)
         if chunk.tokens and body.get("processed_logprobs") and not chunk.processed_logprobs:
             raise GenerationError(
                 "the server did not report processed (truncated-distribution) logprobs, which "

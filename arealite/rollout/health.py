@@ -48,7 +48,9 @@ class HealthMonitor:
         gate: VersionGate,
         config: InferenceEngineConfig,
         rejoin: Callable[[str], Awaitable[bool]],
+        liveness_path: str = "/get_model_info",
     ) -> None:
+        self._liveness_path = liveness_path
         self._transport = transport
         self._pool = pool
         self._gate = gate
@@ -79,10 +81,10 @@ class HealthMonitor:
         return await self._get_ok(address, "/health")
 
     async def alive(self, address: str) -> bool:
-        """True if `address` answers GET /get_model_info within health_check_timeout: the
-        liveness check while the servers are paused, when SGLang's /health (a generation)
+        """True if `address` answers GET /get_model_info (vLLM: /health) within health_check_timeout:
+        the liveness check while the servers are paused, when SGLang's /health (a generation)
         blocks."""
-        return await self._get_ok(address, "/get_model_info")
+        return await self._get_ok(address, self._liveness_path)
 
     async def context_length(self, address: str) -> int | None:
         """The server's context length, from /v1/models (max_model_len) or /get_server_info."""

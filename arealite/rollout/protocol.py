@@ -191,3 +191,54 @@ def error_message(body: Any) -> str:
         if "detail" in body:
             return str(body["detail"])[:500]
     return str(body)[:500]
+
+
+Call = tuple[str, dict[str, Any] | None]  # (path, JSON body or None) of one POST
+
+
+class SGLangProtocol:
+    """What the shared client core (generation, pausing, weight updates, health) sends to and reads
+    from an SGLang-protocol server; `vllm_protocol.VLLMProtocol` is the same for vLLM's RL routes."""
+
+    name = "SGLang"
+    generate_path = "/generate"
+    liveness_path = "/get_model_info"  # answers while paused (SGLang's /health generates, which blocks)
+    version_path = "/get_model_info"
+    resume_call: Call = ("/continue_generation", {})
+
+    def generate_body(
+        self,
+        input_ids: list[int],
+        gconfig: GenerationHyperparameters,
+        max_new_tokens: int,
+        produced: int = 0,
+        lora_name: str | None = None,
+        version: int = 0,
+    ) -> dict[str, Any]:
+        return generate_body(input_ids, gconfig, max_new_tokens, produced, lora_name)
+
+    def parse_generate(self, reply: Any) -> GenerateChunk:
+        return parse_generate_reply(reply)
+
+    def pause_call(self, mode: str) -> Call:
+        # A JSON body is required from 0.5.6; <= 0.5.5 ignores it and always aborts (§2.1), which
+        # the resubmission path in generation.py absorbs.
+        return "/pause_generation", {"mode": mode}
+
+    def disk_update_calls(self, path: str, version: int, keep_requests: bool, paused: bool) -> list[Call]:
+        """The calls that load the weights in folder `path` as `version`. `keep_requests`: paused
+        requests stay (pause_mode in_place / retract); `paused`: the server is paused (a server
+        that rejoins the rotation is not)."""
+        fields = {"flush_cache": False} if keep_requests else {"abort_all_requests": True}
+        return [("/update_weights_from_disk", {"model_path": path, "weight_version": str(version), **fields})]
+
+    def read_version(self, reply: Any) -> str:
+        return str(reply.get("weight_version")) if isinstance(reply, dict) else str(reply)
+
+    def unsupported(self, weight_update: str) -> str | None:
+        """Why this backend cannot sync weights by `weight_update` (disk, distributed, lora); None: it can."""
+        return None
+
+    async def check_server(self, get: Any, address: str) -> None:
+        """Refuse a server started without what the client relies on (`get(address, path) -> (status,
+        reply)`); SGLang needs nothing beyond /health."""

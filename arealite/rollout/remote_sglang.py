@@ -1,4 +1,6 @@
-"""`RemoteSGLangEngine`: the rollout client for servers speaking SGLang's native HTTP protocol.
+"""The rollout client: `RemoteSGLangEngine` for servers speaking SGLang's native HTTP protocol,
+`RemoteVLLMEngine` (remote_vllm.py) for vLLM's RL routes; one core, `RemoteInferenceEngine`,
+and a small protocol adapter per backend (protocol.SGLangProtocol, vllm_protocol.VLLMProtocol).
 
 An event loop in a background thread serves `agenerate(req)` (one sample that survives
 interruptions and server failures, every token tagged with the weight version that produced
@@ -47,8 +49,8 @@ def _check_address(address: str) -> str:
     return address
 
 
-class RemoteSGLangEngine:
-    """Client of a fleet of SGLang-protocol inference servers. See the module docstring.
+class RemoteInferenceEngine:
+    """Client of a fleet of inference servers, speaking `protocol_class`'s protocol. See the module docstring.
 
     It builds its parts, each given what it uses and never the client itself: the transport
     (the HTTP session), the server pool, the version gate, the health monitor, the weight
@@ -56,10 +58,13 @@ class RemoteSGLangEngine:
     workflows as their InferenceEngine).
     """
 
+    protocol_class: type[protocol.SGLangProtocol] = protocol.SGLangProtocol  # the wire format, per backend
+
     def __init__(
         self, config: InferenceEngineConfig, addresses: list[str] | None = None, transport: Transport | None = None
     ) -> None:
         """`transport`: default a real HTTP one; tests of request shapes pass a fake."""
+        self.protocol = self.protocol_class()
         addresses = addresses_from_env() if addresses is None else list(addresses)
         self.config = config
         self.pool = ServerPool([_check_address(a) for a in addresses])
@@ -67,14 +72,22 @@ class RemoteSGLangEngine:
         self.transport = transport or Transport()
         self.gate = VersionGate()
         self.pool.on_take_out.append(self.transport.abandon)  # requests in flight to it fail at once
-        self.health = HealthMonitor(self.transport, self.pool, self.gate, config, rejoin=self._rejoin)
-        self.weights = WeightUpdater(self.transport, self.pool, config, self.health)
+        self.health = HealthMonitor(
+            self.transport, self.pool, self.gate, config, rejoin=self._rejoin, liveness_path=self.protocol.liveness_path
+        )
+        self.weights = WeightUpdater(self.transport, self.pool, config, self.health, self.protocol)
         diagnose = Diagnosis(self.transport, self.pool, self.gate, config, self.weights.awaiting)
         self.executor = WorkflowExecutor(config, self.gate, self._loop, self, diagnose)
         self._control = asyncio.Lock()  # pause and resume reach the servers in the order they were called
         self._resuming: concurrent.futures.Future | None = None  # the last resume(wait=False)
         self.generator = SampleGenerator(
-            self.transport, self.pool, self.gate, config, self.health.probe, self.executor.watchdog.progress
+            self.transport,
+            self.pool,
+            self.gate,
+            config,
+            self.health.probe,
+            self.executor.watchdog.progress,
+            self.protocol,
         )
 
     async def _rejoin(self, address: str) -> bool:
@@ -112,8 +125,16 @@ class RemoteSGLangEngine:
             if waiting:
                 await asyncio.sleep(0.5)
         for address in self.pool.addresses:
+            try:
+                await self.protocol.check_server(self._get, address)
+            except ValueError as e:
+                raise RolloutError(str(e), address) from e
             self.pool.set_context_length(address, await self.health.context_length(address))
         self.health.start()
+
+    async def _get(self, address: str, path: str) -> tuple[int, Any]:
+        timeout = self.config.control_timeout
+        return await self.transport.request("GET", address, path, None, timeout, setting="rollout.control_timeout")
 
     def destroy(self) -> None:
         """Cancel running workflows, close the HTTP session and stop the loop thread."""
@@ -131,7 +152,7 @@ class RemoteSGLangEngine:
         self.health.stop()
         await self.transport.close()
 
-    def __enter__(self) -> RemoteSGLangEngine:
+    def __enter__(self) -> RemoteInferenceEngine:
         """`with RemoteSGLangEngine(config) as rollout:` initializes, and destroys on exit (errors included)."""
         self.initialize()
         return self
@@ -180,9 +201,7 @@ class RemoteSGLangEngine:
     async def _apause(self) -> None:
         async with self._control:  # after a resume still under way, so the servers see them in order
             self.gate.pause()
-            # A JSON body is required from 0.5.6; <= 0.5.5 ignores it and always aborts (§2.1), which
-            # the resubmission path in generation.py absorbs.
-            await self._post_all("/pause_generation", {"mode": self.config.pause_mode})
+            await self._post_all(*self.protocol.pause_call(self.config.pause_mode))
             if self.config.pause_grace_period > 0:
                 await asyncio.sleep(self.config.pause_grace_period)
 
@@ -203,7 +222,7 @@ class RemoteSGLangEngine:
     async def _aresume(self, report: bool = False) -> None:
         async with self._control:
             try:
-                await self._post_all("/continue_generation", {})
+                await self._post_all(*self.protocol.resume_call)
             except Exception as e:
                 if report:  # nobody waits on this call: the consumer's next wait raises it
                     self.executor.report(e)
@@ -211,7 +230,7 @@ class RemoteSGLangEngine:
             self.gate.unpause()
             self.executor.schedule()
 
-    async def _post_all(self, path: str, body: dict[str, Any]) -> None:
+    async def _post_all(self, path: str, body: dict[str, Any] | None) -> None:
         """POST to every server in rotation; a server that cannot be reached leaves it."""
 
         async def one(address: str) -> None:
@@ -313,3 +332,9 @@ class RemoteSGLangEngine:
     def prepare_batch(self, dataloader: Any, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> Batch:
         """The next training batch, generated asynchronously within the staleness bound."""
         return self.executor.prepare_batch(dataloader, workflow, should_accept)
+
+
+class RemoteSGLangEngine(RemoteInferenceEngine):
+    """The rollout client for SGLang-protocol servers: real SGLang and arealite's built-in server."""
+
+    protocol_class = protocol.SGLangProtocol

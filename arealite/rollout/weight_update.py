@@ -39,8 +39,14 @@ class WeightUpdater:
     missed back into rotation (`bring_back`)."""
 
     def __init__(
-        self, transport: Transport, pool: ServerPool, config: InferenceEngineConfig, health: HealthMonitor
+        self,
+        transport: Transport,
+        pool: ServerPool,
+        config: InferenceEngineConfig,
+        health: HealthMonitor,
+        server_protocol: protocol.SGLangProtocol | None = None,
     ) -> None:
+        self._protocol = server_protocol or protocol.SGLangProtocol()
         self._transport = transport
         self._pool = pool
         self._config = config
@@ -56,7 +62,7 @@ class WeightUpdater:
         self._updating = asyncio.Lock()  # an update in flight, or a rejoin; never both (arejoin)
 
     async def _post(
-        self, address: str, path: str, body: dict[str, Any], timeout: float | None = None, setting: str = ""
+        self, address: str, path: str, body: dict[str, Any] | None, timeout: float | None = None, setting: str = ""
     ) -> None:
         if timeout is None:
             timeout, setting = self._config.request_timeout, "rollout.request_timeout"
@@ -97,9 +103,12 @@ class WeightUpdater:
     def _dist_timeout(self) -> float:
         return self._config.weight_update_timeout + _SERVER_GRACE_S
 
-    @staticmethod
-    def _disk_body(meta: WeightUpdateMeta, keep_requests: bool) -> dict[str, Any]:
-        return {"model_path": meta.path, "weight_version": str(meta.version), **_request_fields(keep_requests)}
+    async def _disk_update(self, address: str, path: str, meta: WeightUpdateMeta, paused: bool = True) -> None:
+        """Load `meta.path` on one server, in as many calls as its protocol takes (`path` unused:
+        the protocol names them)."""
+        calls = self._protocol.disk_update_calls(meta.path or "", meta.version, self._keeps_requests, paused)
+        for call_path, body in calls:
+            await self._post(address, call_path, body)
 
     def _distributed_body(self, meta: WeightUpdateMeta, i: int) -> dict[str, Any]:
         """The body for bucket `i` of `meta.buckets`."""
@@ -120,12 +129,15 @@ class WeightUpdater:
             await self._update(meta)
 
     async def _update(self, meta: WeightUpdateMeta) -> None:
+        refusal = self._protocol.unsupported(meta.type)
+        if refusal is not None:
+            raise WeightUpdateError(refusal)
         if meta.type == "disk":
             if not meta.path:
                 raise WeightUpdateError("WeightUpdateMeta(type='disk') needs path= the folder holding the new weights")
             addresses = self._pool.healthy
-            body = self._disk_body(meta, self._keeps_requests)
-            await self._post_each(addresses, "/update_weights_from_disk", [body] * len(addresses))
+            first = self._protocol.disk_update_calls(meta.path, meta.version, self._keeps_requests, True)[0][0]
+            await self._post_each(addresses, first, [meta] * len(addresses), self._disk_update)
             self._last_disk = meta
         elif meta.type == "distributed":
             if not meta.buckets:
@@ -289,7 +301,7 @@ class WeightUpdater:
         async def ask(address: str) -> str | None:
             try:
                 status, reply = await self._transport.request(
-                    "GET", address, "/get_model_info", None, self._config.control_timeout,
+                    "GET", address, self._protocol.version_path, None, self._config.control_timeout,
                     setting="rollout.control_timeout",
                 )  # fmt: skip
             except TransientServerError as e:
@@ -297,7 +309,7 @@ class WeightUpdater:
                     raise WeightUpdateError(f"the version check failed: {e}", address) from e
                 self._pool.take_out(address, f"it died after the weight update to version {version}")
                 return None
-            return str(reply.get("weight_version")) if status == 200 and isinstance(reply, dict) else f"<HTTP {status}>"
+            return self._protocol.read_version(reply) if status == 200 else f"<HTTP {status}>"
 
         seen = {a: v for a, v in zip(addresses, await asyncio.gather(*(ask(a) for a in addresses))) if v is not None}
         wrong = {a: v for a, v in seen.items() if v != str(version)}
@@ -336,8 +348,8 @@ class WeightUpdater:
         if self._last_lora is not None:  # a run syncs one way only
             await self._load_adapter(address, "/load_lora_adapter", self._last_lora)
         elif self._last_disk is not None:  # the rejoiner was never paused: nothing of ours to keep
-            await self._post(
-                address, "/update_weights_from_disk", self._disk_body(self._last_disk, keep_requests=False)
-            )
+            calls = self._protocol.disk_update_calls(self._last_disk.path or "", self._last_disk.version, False, False)
+            for call_path, body in calls:
+                await self._post(address, call_path, body)
         self.awaiting.discard(address)
         return True

@@ -46,7 +46,36 @@ def test_missing_model_names_both_settings():
 
 def test_unknown_backend_is_rejected():
     with pytest.raises(ConfigError, match="'vllm'"):
-        server_command(_config("actor.path=/m"), "127.0.0.1", 1, "vllm")
+        server_command(_config("actor.path=/m"), "127.0.0.1", 1, "trtllm")
+
+
+def test_vllm_command_from_the_config_on_a_cpu(monkeypatch):
+    """server.backend=vllm: vLLM's own server from its environment's Python, its RL routes on,
+    the server settings in vLLM's flag names; float32 for dtype=auto on a CPU (vLLM's auto is bf16)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cfg = _config(
+        "actor.path=/m", "server.backend=vllm", "weight_update=disk", "server.vllm_python=/venv/bin/python",
+        "server.random_seed=7", "server.max_running_requests=5", "server.context_length=512",
+        "server.extra_args=[--max-logprobs,0]",
+    )  # fmt: skip
+    cmd = server_command(cfg, "127.0.0.1", 1234, resolve_backend(cfg.server))
+    env, argv = cmd[: cmd.index("/venv/bin/python")], cmd[cmd.index("/venv/bin/python") :]
+    assert env[0] == "env" and "VLLM_SERVER_DEV_MODE=1" in env
+    assert argv[:4] == ["/venv/bin/python", "-I", "-m", "vllm.entrypoints.openai.api_server"]
+    flags = {argv[i]: argv[i + 1] for i in range(4, len(argv) - 1) if argv[i].startswith("--")}
+    assert flags["--model"] == "/m" and flags["--host"] == "127.0.0.1" and flags["--port"] == "1234"
+    assert flags["--seed"] == "7" and flags["--max-num-seqs"] == "5" and flags["--max-model-len"] == "512"
+    assert flags["--dtype"] == "float32" and flags["--logprobs-mode"] == "processed_logprobs"
+    assert "--enable-scale-out" in argv and "--no-enable-chunked-prefill" in argv  # seeds are safe (server_cmd)
+    assert argv[-2:] == ["--max-logprobs", "0"]
+
+
+def test_vllm_command_refuses_what_the_vllm_client_cannot_do():
+    with pytest.raises(ConfigError, match="weight_update=distributed is not supported with server.backend=vllm"):
+        server_command(_config("actor.path=/m", "server.backend=vllm", "weight_update=distributed"), "h", 1, "vllm")
+    cfg = _config("actor.path=/m", "server.backend=vllm", "weight_update=disk", "server.deterministic=true")
+    with pytest.raises(ConfigError, match="server.deterministic=true is not supported with server.backend=vllm"):
+        server_command(cfg, "h", 1, "vllm")
 
 
 def test_auto_backend_follows_visible_gpus(monkeypatch):

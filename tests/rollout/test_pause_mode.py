@@ -222,7 +222,8 @@ def test_update_bodies_follow_pause_mode(mode):
     engine = RemoteSGLangEngine(InferenceEngineConfig(pause_mode=mode), ["127.0.0.1:1"])  # never initialized
     buckets = [[("a", torch.float32, (2,))], [("b", torch.float32, (3,))]]
     meta = WeightUpdateMeta(type="distributed", version=3, buckets=buckets)
-    disk = engine.weights._disk_body(WeightUpdateMeta(path="/w", version=3), engine.weights._keeps_requests)
+    [(path, disk)] = engine.weights._protocol.disk_update_calls("/w", 3, engine.weights._keeps_requests, True)
+    assert path == "/update_weights_from_disk" and disk["model_path"] == "/w"
     dist = [engine.weights._distributed_body(meta, i) for i in range(2)]
     if mode == "abort":
         assert disk["abort_all_requests"] is True and "flush_cache" not in disk

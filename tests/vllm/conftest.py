@@ -1,73 +1,133 @@
-"""A stand-in for the `vllm_server` session fixture of the vLLM client's branch (same contract:
-`.address`, `.model_dir`, `.python`; skips without vLLM), so the tests here run on their own.
+"""One real vLLM server for every test under tests/vllm (session fixture `vllm_server`).
 
-vLLM lives in its own environment: its interpreter is $AREALITE_VLLM_PYTHON, else
-`~/.venvs/arealite-vllm/bin/python`. The server serves a tiny Qwen2 built on the spot (head
-size 64, which vLLM's CPU attention supports), in fp32, with processed logprobs; its process
-group dies with pytest (arealite/launcher/process.py).
+vLLM lives in its own environment (it pins torch and transformers): its interpreter is
+$AREALITE_VLLM_PYTHON, else the README's `~/.venvs/arealite-vllm` (what `.ci/run` installs).
+Without it the tests here are skipped, naming the install line. The server runs a tiny Qwen2
+model built on the spot, with the flags the launchers use (`server_cmd.vllm_command`); its
+process group is killed at session end and dies with pytest (PR_SET_PDEATHSIG, see
+arealite/launcher/process.py). Every test here is in the xdist group "vllm" (tests/conftest.py),
+so one worker owns the server.
+
+Tests that change the server's weights or version put them back (`restore`), so the tests
+pass in any order on the shared server.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
 import pytest
 
 from arealite.launcher.process import ManagedProcess
+from arealite.launcher.server_cmd import VLLM_PYTHON_ENV, vllm_command, vllm_python
 from arealite.utils import net
 
-START_TIMEOUT_S = 600.0  # a cold start on a busy 2-core machine
+INSTALL_HINT = f"install it as the README says (section vLLM), or point {VLLM_PYTHON_ENV} at its python"
+START_TIMEOUT_S = 600.0  # a cold start on a busy 2-core machine; a warm one takes far less
+MAX_MODEL_LEN = 512
 
 
 @dataclass
 class VLLMServer:
+    """A running vLLM server: `address` ("127.0.0.1:PORT"), the model it serves, vLLM's Python."""
+
     address: str
     model_dir: str
     python: str
+    log_path: str
+
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 120.0) -> tuple[int, object]:
+        """One plain HTTP call (status, parsed JSON), for tests that talk to the server directly."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"http://{self.address}{path}", data=data, method=method)
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                status, raw = r.status, r.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        try:
+            return status, json.loads(raw) if raw else None
+        except ValueError:
+            return status, raw.decode("utf-8", "replace")
+
+    def restore(self) -> None:
+        """Back to the start state: resumed, the original weights, version "0"."""
+        self.call("POST", "/resume")
+        status, reply = self.call(
+            "POST",
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": self.model_dir, "is_checkpoint_format": True}},
+            timeout=300,
+        )
+        assert status == 200, f"reloading the original weights failed: {status} {reply}"
+        self.call("POST", "/update_weight_version", {"new_version": "0"})
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return ""
 
 
-def _python() -> str:
-    return os.environ.get("AREALITE_VLLM_PYTHON") or os.path.expanduser("~/.venvs/arealite-vllm/bin/python")
-
-
-def _healthy(address: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{address}/health", timeout=5) as r:
-            return r.status == 200
-    except OSError:
+def _vllm_importable(python: str) -> bool:
+    if not os.path.exists(python):
         return False
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+
+
+def build_vllm_tiny_model(out_dir: str) -> str:
+    """The repo's tiny random Qwen2 with a head size vLLM's CPU attention supports (64; the
+    default tiny model's 16 is not one)."""
+    from arealite.tools.tiny_model import build_tiny_model
+
+    return build_tiny_model(out_dir, hidden=128, heads=2, kv_heads=1, intermediate=256, seed=0)
+
+
+def _wait_healthy(proc: ManagedProcess, server: VLLMServer) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the vLLM server exited with {proc.poll()} while starting:\n{server.log_tail()}")
+        try:
+            if server.call("GET", "/health", timeout=5)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(1.0)
+    pytest.fail(f"the vLLM server did not answer /health within {START_TIMEOUT_S}s:\n{server.log_tail()}")
 
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory):
-    python = _python()
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    if not os.path.exists(python) or subprocess.run([python, "-c", probe], capture_output=True).returncode:
-        pytest.skip(f"vLLM is not installed for {python}; set AREALITE_VLLM_PYTHON to its interpreter")
-    from arealite.tools.tiny_model import build_tiny_model
-
+    """Starts ONE vLLM server for the session; yields a `VLLMServer`."""
+    python = vllm_python()
+    if not _vllm_importable(python):
+        pytest.skip(f"vLLM is not installed for {python}; {INSTALL_HINT}")
     root = tmp_path_factory.mktemp("vllm")
-    model_dir = build_tiny_model(str(root / "model"), hidden=128, heads=2, kv_heads=1, intermediate=256, seed=0)
-    port = net.free_ports(1)[0]
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", VLLM_CPU_KVCACHE_SPACE="1")
-    env.setdefault("OMP_NUM_THREADS", "2")
+    model_dir = build_vllm_tiny_model(str(root / "model"))
+    port = net.free_ports(1, "127.0.0.1")[0]
+    cmd = vllm_command(python, model_dir, "127.0.0.1", port, max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("AREALITE_VLLM_THREADS", "2"))
     env.pop("PYTHONPATH", None)  # vLLM's environment, not ours
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--dtype", "float32", "--seed", "1", "--max-model-len", "512", "--enforce-eager"]
-    cmd += ["--enable-scale-out", "--logprobs-mode", "processed_logprobs", "--generation-config", "vllm"]
-    proc = ManagedProcess("vllm", cmd, str(root / "vllm.log"), env=env)
+    # cwd: Python puts it first on the path of vLLM's helper processes; a stray module there would shadow vLLM's
+    proc = ManagedProcess("vllm", cmd, str(root / "vllm.log"), env=env, cwd=str(root))
+    server = VLLMServer(f"127.0.0.1:{port}", model_dir, python, str(root / "vllm.log"))
+    started = time.monotonic()
     proc.start()
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(f"127.0.0.1:{port}"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                with open(root / "vllm.log", errors="replace") as f:
-                    pytest.fail(f"the vLLM server did not start:\n{''.join(f.readlines()[-40:])}")
-            time.sleep(1.0)
-        yield VLLMServer(f"127.0.0.1:{port}", model_dir, python)
+        _wait_healthy(proc, server)
+        print(f"vLLM server healthy after {time.monotonic() - started:.0f} s at {server.address}")
+        server.call("POST", "/update_weight_version", {"new_version": "0"})
+        yield server
     finally:
-        proc.stop()
+        proc.stop(grace=10.0)
