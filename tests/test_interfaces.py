@@ -10,7 +10,6 @@ import inspect
 
 import pytest
 
-from arealite.data.feed import TaggedWorkflow
 from arealite.interfaces import (
     GenerationEngine,
     InferenceEngine,
@@ -20,6 +19,7 @@ from arealite.interfaces import (
     WeightSyncTarget,
 )
 from arealite.rollout import RemoteSGLangEngine
+from arealite.rollout.step_batches import TaggedWorkflow
 from arealite.train import PPOActor, PPOCritic, ReferenceModel
 from arealite.train.engine import FSDPEngine
 from arealite.workflow import MultiTurnWorkflow, RLVRWorkflow, ToolUseWorkflow
