@@ -121,6 +121,12 @@ class RolloutRunner(Protocol):
         """Run `workflow` on every record of `data` now; their trajectories in order."""
         ...
 
+    def submit_batch(
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> concurrent.futures.Future:
+        """`rollout_batch` without waiting for it: a future of the batch (the lockstep schedule)."""
+        ...
+
     def prepare_batch(
         self, dataloader: Iterable[Any], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
     ) -> Batch:

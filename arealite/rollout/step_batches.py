@@ -19,7 +19,7 @@ import torch
 
 from arealite.config import InferenceEngineConfig
 from arealite.data.feed import INDEX_KEY, DataFeed
-from arealite.interfaces import AcceptFn, Batch, GenerationEngine, RolloutWorkflow, Trajectory
+from arealite.interfaces import AcceptFn, Batch, GenerationEngine, RolloutRunner, RolloutWorkflow, Trajectory
 from arealite.rollout.dynamic_sampling import DynamicSampler
 from arealite.rollout.lockstep import LockstepRollout
 
@@ -28,7 +28,12 @@ class StepBatches:
     """One training batch per `next_batch()`; `stats()` says what it trained and dropped."""
 
     def __init__(
-        self, rollout: Any, loader: Any, workflow: RolloutWorkflow, config: InferenceEngineConfig, group_size: int
+        self,
+        rollout: RolloutRunner,
+        loader: Any,
+        workflow: RolloutWorkflow,
+        config: InferenceEngineConfig,
+        group_size: int,
     ) -> None:
         self.rollout = rollout
         self.feed = DataFeed(loader)  # remembers prompts handed out but not yet trained (exact recovery)
