@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
                         batch["ref_logp"] = ref.compute_logp(batch)
                     if critic is not None:  # PPO: advantages by GAE on the critic's values
                         batch["values"] = critic.compute_values(batch)
-                    actor.compute_advantages(batch)
+                    stats.update(actor.compute_advantages(batch))  # its time and backend
                     update = actor.ppo_update(batch)  # one dict per optimizer step
                     stats.update(batch_stats(tracker, batch, version), **update[-1], **batches.stats())
                     if dump is not None:  # the batch as trained, with the weights of `version` before the update

@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
                     batch = rollout.rollout_batch(next(prompts, None) or next(prompts := iter(loader)), workflow)
                 with timer("train"):
                     stats = batch_stats(tracker, batch)
-                    actor.compute_advantages(batch)
+                    stats.update(actor.compute_advantages(batch))
                     stats.update(actor.ppo_update(batch)[-1])
                 with timer("weight_sync"):
                     weight_sync.sync(step + 1)

@@ -140,13 +140,20 @@ def main(argv: list[str]) -> None:
                     else:
                         batch = rollout.rollout_batch(next(prompts, None) or next(prompts := iter(loader)), workflow)
                 with timer("train"):
-                    actor.compute_advantages(batch)
+                    advantage_stats = actor.compute_advantages(batch)
                     train_stats = actor.ppo_update(batch)
                 with timer("weight_sync"):
                     weight_sync.sync(step + 1)
             tracker.masked_mean("tool_calls", batch["num_tool_calls"].float())
             stats_logger.commit(
-                step, {**batch_stats(tracker, batch), **train_stats[-1], **timer.pop(), "version": step + 1}
+                step,
+                {
+                    **batch_stats(tracker, batch),
+                    **advantage_stats,
+                    **train_stats[-1],
+                    **timer.pop(),
+                    "version": step + 1,
+                },
             )
         after_with, after_without = accuracy(rollout, with_tool, held_out), accuracy(rollout, without_tool, held_out)
     plot = stats_logger.close(plot=config.stats_logger.plot)

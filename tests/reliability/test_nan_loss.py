@@ -50,7 +50,8 @@ def test_nan_loss_skips_the_update_and_training_continues(tiny_model_dir):
         after_bad = _params(actor)
         assert all(torch.equal(before[k], after_bad[k]) for k in before), "a NaN update reached the weights"
 
-        good = actor.compute_advantages(_batch(1))
+        good = _batch(1)
+        actor.compute_advantages(good)
         stats = actor.ppo_update(good)[-1]
         assert stats["update_skipped"] == 0.0 and math.isfinite(stats["loss"])
         after_good = _params(actor)

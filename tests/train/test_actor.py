@@ -193,13 +193,12 @@ def test_advantage_stats_name_the_backend_and_time(actor):
     batch = make_batch([9, 7, 8, 6], seed=19)
     batch["logprobs"] = actor.compute_logp(batch)
     want = estimate_advantages(dict(batch), actor.config, actor.gconfig)["advantages"]
-    actor.compute_advantages(batch)
+    stats = actor.compute_advantages(batch)
     assert batch["advantages"].device == batch["loss_mask"].device
     assert_close(batch["advantages"], want, n=2)
-    stats = actor.ppo_update(batch)
     on_cuda = actor.device.type == "cuda"
-    assert all(s["advantages/backend_triton"] == float(on_cuda) and s["time/advantages"] > 0 for s in stats)
-    assert "time/advantages" not in actor.ppo_update(batch)[0]  # reported once, with the update it fed
+    assert stats["advantages/backend_triton"] == float(on_cuda) and stats["time/advantages"] > 0
+    assert "time/advantages" not in actor.ppo_update(batch)[0]  # the update's stats are its own
 
 
 def test_batch_stats_are_the_same_before_and_after_compute_advantages(actor):
@@ -214,7 +213,7 @@ def test_batch_stats_are_the_same_before_and_after_compute_advantages(actor):
     before = batch_stats(StatsTracker(), batch, version=1)
     workflow_mask = batch["loss_mask"].clone()
     cut = PPOActor(PPOActorConfig(path="x", mask_no_eos_with_zero=True), GenerationHyperparameters(group_size=2))
-    cut.device, cut._advantage_stats = torch.device("cpu"), {}  # estimation only: no model needed
+    cut.device = torch.device("cpu")  # estimation only: no model needed
     cut.compute_advantages(batch)
     assert not batch["loss_mask"][1].any() and torch.equal(batch["response_mask"], workflow_mask)
     assert batch_stats(StatsTracker(), batch, version=1) == before
