@@ -76,15 +76,15 @@ def main(argv: list[str]) -> None:
                     if critic is not None:  # PPO: advantages by GAE on the critic's values
                         batch["values"] = critic.compute_values(batch)
                     stats.update(actor.compute_advantages(batch))  # its time and backend
-                    update = actor.ppo_update(batch)  # one dict per optimizer step
-                    stats.update(batch_stats(tracker, batch, version), **update[-1], **batches.stats())
+                    update = actor.ppo_update(batch)  # loss, grad norm, clip fractions ... of the update
+                    stats.update(batch_stats(tracker, batch, version), **update, **batches.stats())
                     if dump is not None:  # the batch as trained, with the weights of `version` before the update
                         dump.write(step, version, batch, update)
                     if "eval/pass@1" in stats:  # a few of the trained completions beside each evaluation
                         shown = shown_samples(batch, tokenizer, config.stats_logger.samples_shown)
                         stats_logger.log_samples(step, shown)
                     if critic is not None:
-                        stats.update({f"critic/{k}": v for k, v in critic.ppo_update(batch)[-1].items()})
+                        stats.update({f"critic/{k}": v for k, v in critic.ppo_update(batch).items()})
                 with timer("weight_sync"):
                     batches.drain()  # lockstep: the batches in flight finish on the weights they began with
                     version = step + 1

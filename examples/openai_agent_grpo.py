@@ -106,7 +106,7 @@ def main(argv: list[str]) -> None:
                 with timer("train"):
                     stats = batch_stats(tracker, batch)
                     stats.update(actor.compute_advantages(batch))
-                    stats.update(actor.ppo_update(batch)[-1])
+                    stats.update(actor.ppo_update(batch))
                 with timer("weight_sync"):
                     weight_sync.sync(step + 1)
             failures = {f"agent/{k}": float(v) for k, v in workflow.stats.items()}  # cumulative, this rank

@@ -150,7 +150,7 @@ def main(argv: list[str]) -> None:
                 {
                     **batch_stats(tracker, batch),
                     **advantage_stats,
-                    **train_stats[-1],
+                    **train_stats,
                     **timer.pop(),
                     "version": step + 1,
                 },

@@ -3,7 +3,7 @@
 Typical step (docs/architecture.md §1), every call collective over trainer ranks:
 
     stats = actor.compute_advantages(batch)  # writes batch["advantages"] (and "returns"); its timing
-    update = actor.ppo_update(batch)         # one dict per optimizer step (ppo_n_minibatches)
+    stats.update(actor.ppo_update(batch))    # the update's stats, over its ppo_n_minibatches steps
 
 `prox_logp`, the log-probs under the weights before the update, costs no extra forward when
 the update is one optimizer step (`ppo_n_minibatches == 1`): micro-batches only accumulate
@@ -109,8 +109,9 @@ class PPOActor(FSDPEngine):
             "advantages/backend_triton": float(advantages_backend(self.device) == "triton"),
         }
 
-    def ppo_update(self, batch: Batch) -> list[dict[str, float]]:
-        """`ppo_n_minibatches` optimizer steps over this rank's batch; stats per step.
+    def ppo_update(self, batch: Batch) -> dict[str, float]:
+        """`ppo_n_minibatches` optimizer steps over this rank's batch; the update's stats (one dict:
+        a mean over the steps weighted by their loss weight, extrema over them; FSDPEngine.train_minibatches).
 
         Needs `advantages` (compute_advantages). The old policy of the PPO ratio, `prox_logp`:
         the batch's own if set; else, with `recompute_logprob`, the log-probs at the current

@@ -151,7 +151,7 @@ def test_ppo_update_raises_advantaged_logprobs(actor):
     after = actor.compute_logp(batch)
     # the logprobs came from these very weights: only rounding separates the two forwards
     bound = 8 * EPS32 * HIDDEN**0.5 * magnitude(batch["logprobs"])
-    assert len(stats) == 1 and stats[0]["logprob_mismatch"] <= bound and abs(stats[0]["behav_imp_weight"] - 1) <= bound
+    assert stats["logprob_mismatch"] <= bound and abs(stats["behav_imp_weight"] - 1) <= bound
     mask = batch["loss_mask"].bool()
     delta = ((after - before) * mask).sum(-1) / mask.sum(-1)
     assert delta[0] > 0 and delta[3] > 0 and delta[1] < 0 and delta[2] < 0
@@ -198,7 +198,7 @@ def test_advantage_stats_name_the_backend_and_time(actor):
     assert_close(batch["advantages"], want, n=2)
     on_cuda = actor.device.type == "cuda"
     assert stats["advantages/backend_triton"] == float(on_cuda) and stats["time/advantages"] > 0
-    assert "time/advantages" not in actor.ppo_update(batch)[0]  # the update's stats are its own
+    assert "time/advantages" not in actor.ppo_update(batch)  # the update's stats are its own
 
 
 def test_batch_stats_are_the_same_before_and_after_compute_advantages(actor):
