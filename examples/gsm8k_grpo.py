@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
         PPOCritic(config.critic, total) if config.critic else nullcontext() as critic,  # PPO
         ReferenceModel(config.ref, config.gconfig) if config.ref else nullcontext() as ref,  # the KL's anchor
         RewardPool(max_workers=2) as reward_pool,  # shared by training and evaluation
-        WeightSync(actor, rollout, config.weight_update, config.run_dir, config.weight_keep_versions) as weight_sync,
+        WeightSync.from_config(config, actor, rollout) as weight_sync,  # weight_update, run_dir, ...
     ):
         workflow = RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool)
         loader = train_dataloader(config, tokenizer, rank, world_size)

@@ -121,9 +121,7 @@ def main(argv: list[str]) -> None:
         RewardPool(max_workers=2) as reward_pool,
         RemoteSGLangEngine(config.rollout) as rollout,
         PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
-        WeightSync(
-            actor, rollout, config.weight_update, config.run_dir, keep_versions=config.weight_keep_versions
-        ) as weight_sync,
+        WeightSync.from_config(config, actor, rollout) as weight_sync,
     ):
         workflow = ToolUseWorkflow(reward_fn, config.gconfig, tokenizer, tools, turns, reward_pool)
         with_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, tools, turns, reward_pool)

@@ -174,6 +174,11 @@ class FSDPEngine:
         return self._model
 
     @property
+    def has_lora(self) -> bool:
+        """Whether the engine trains a LoRA adapter (`config.lora`): `save` then writes the adapter alone."""
+        return self.config.lora is not None
+
+    @property
     def activation_checkpointing(self) -> bool:
         """Whether any module recomputes activations in backward (any transformers 5.x)."""
         return any(getattr(m, "gradient_checkpointing", False) is True for m in self.model.modules())
