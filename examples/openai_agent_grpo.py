@@ -10,7 +10,8 @@ questions seen in training left out) is measured before and after training; the 
 
     eval_accuracy_before=<x> eval_accuracy_after=<y>
 
-The loop is the one of examples/tools_grpo.py; programs that fail are counted (`agent/*`).
+The loop is the one of examples/tools_grpo.py (batches from `StepBatches`, in the mode
+`rollout.*` says); programs that fail are counted (`agent/*`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from arealite import (
     RewardPool,
     StatsLogger,
     StatsTracker,
+    StepBatches,
     StepTimer,
     WeightSync,
     batch_stats,
@@ -96,16 +98,18 @@ def main(argv: list[str]) -> None:
             reward_pool,
         )  # fmt: skip
         before = accuracy(rollout, evaluation, held_out)
-        prompts, tracker, timer = iter(loader), StatsTracker(), StepTimer()
+        batches = StepBatches(rollout, loader, workflow, config.rollout, config.gconfig.group_size)
+        tracker, timer = StatsTracker(), StepTimer()
         for step in range(config.total_train_steps):
             with timer("step"):
                 with timer("rollout"):
-                    batch = rollout.rollout_batch(next(prompts, None) or next(prompts := iter(loader)), workflow)
+                    batch = batches.next_batch()
                 with timer("train"):
                     stats = batch_stats(tracker, batch)
                     stats.update(actor.compute_advantages(batch))
-                    stats.update(actor.ppo_update(batch))
+                    stats.update(actor.ppo_update(batch), **batches.stats())
                 with timer("weight_sync"):
+                    batches.drain()  # lockstep: the batches in flight finish on the weights they began with
                     weight_sync.sync(step + 1)
             failures = {f"agent/{k}": float(v) for k, v in workflow.stats.items()}  # cumulative, this rank
             stats_logger.commit(step, {**stats, **failures, **timer.pop(), "version": step + 1})

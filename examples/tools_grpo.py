@@ -12,10 +12,11 @@ same prompt, every call failing, so the answer is the model's own). The last lin
 
     accuracy_before=<x> accuracy_with_tool=<y> accuracy_without_tool=<z>
 
-The loop is the one of examples/gsm8k_grpo.py without periodic evaluation, checkpoints,
-a critic, a reference model, dynamic sampling or a prompt-length filter: a config that sets
-any of those is refused with a ConfigError naming the key (`unsupported_settings`), never
-silently ignored.
+The loop is the one of examples/gsm8k_grpo.py (batches from `StepBatches`: synchronous,
+asynchronous, lockstep or dynamic sampling as `rollout.*` says) without periodic evaluation,
+checkpoints, a critic, a reference model or a prompt-length filter: a config that sets any of
+those is refused with a ConfigError naming the key (`unsupported_settings`), never silently
+ignored.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from arealite import (
     RewardPool,
     StatsLogger,
     StatsTracker,
+    StepBatches,
     StepTimer,
     ToolUseWorkflow,
     WeightSync,
@@ -70,8 +72,6 @@ def unsupported_settings(config: GRPOConfig) -> list[str]:
         found.append("critic: (PPO with a value model) is set; remove it, or use examples/gsm8k_grpo.py")
     if config.ref is not None:
         found.append("ref: (a KL reference model) is set; remove it and set actor.kl_ctl=0")
-    if config.rollout.dynamic_sampling:
-        found.append("rollout.dynamic_sampling=true; set it to false")
     if config.train_dataset.max_prompt_tokens:
         found.append(
             f"train_dataset.max_prompt_tokens={config.train_dataset.max_prompt_tokens} (the tool prompt is not "
@@ -115,7 +115,6 @@ def main(argv: list[str]) -> None:
     reward_fn, turns = reward_fn_for(config), config.tool_use.max_turns
     eval_g = eval_gconfig(config.evaluator, config.gconfig)
     stats_logger = StatsLogger.from_config(config, rank)
-    asynchronous = config.rollout.max_head_offpolicyness > 0
 
     with (
         RewardPool(max_workers=2) as reward_pool,
@@ -129,30 +128,20 @@ def main(argv: list[str]) -> None:
             reward_fn, eval_g, tokenizer, [DisabledTool(t) for t in tools], turns, reward_pool
         )
         before = accuracy(rollout, with_tool, held_out)
-        prompts, tracker, timer = iter(loader), StatsTracker(), StepTimer()
+        batches = StepBatches(rollout, loader, workflow, config.rollout, config.gconfig.group_size)
+        tracker, timer = StatsTracker(), StepTimer()
         for step in range(config.total_train_steps):
             with timer("step"):
                 with timer("rollout"):
-                    if asynchronous:
-                        batch = rollout.prepare_batch(loader, workflow)
-                    else:
-                        batch = rollout.rollout_batch(next(prompts, None) or next(prompts := iter(loader)), workflow)
+                    batch = batches.next_batch()
                 with timer("train"):
-                    advantage_stats = actor.compute_advantages(batch)
-                    train_stats = actor.ppo_update(batch)
+                    stats = actor.compute_advantages(batch)
+                    stats.update(actor.ppo_update(batch), **batches.stats())
                 with timer("weight_sync"):
+                    batches.drain()  # lockstep: the batches in flight finish on the weights they began with
                     weight_sync.sync(step + 1)
             tracker.masked_mean("tool_calls", batch["num_tool_calls"].float())
-            stats_logger.commit(
-                step,
-                {
-                    **batch_stats(tracker, batch),
-                    **advantage_stats,
-                    **train_stats,
-                    **timer.pop(),
-                    "version": step + 1,
-                },
-            )
+            stats_logger.commit(step, {**batch_stats(tracker, batch), **stats, **timer.pop(), "version": step + 1})
         after_with, after_without = accuracy(rollout, with_tool, held_out), accuracy(rollout, without_tool, held_out)
     plot = stats_logger.close(plot=config.stats_logger.plot)
     if rank == 0:

@@ -51,7 +51,6 @@ def _tools_example():
     [
         ("critic.path=m", "critic:"),
         ("ref.path=m", "ref:"),
-        ("rollout.dynamic_sampling=true", "rollout.dynamic_sampling"),
         ("train_dataset.max_prompt_tokens=64", "train_dataset.max_prompt_tokens=64"),
         ("recover.mode=auto", "recover.mode='auto'"),
         ("evaluator.freq_steps=5", "evaluator.freq_steps=5"),
