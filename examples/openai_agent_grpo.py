@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoTokenizer
@@ -42,10 +43,19 @@ from arealite import (
     save_config,
 )  # fmt: skip
 from arealite.agent import AgentProgramWorkflow
-from arealite.config import ConfigError
+from arealite.config import AgentProgramConfig, ConfigError, setting
 from arealite.eval.evaluator import eval_gconfig
 from arealite.rollout.executor import RolloutWorkflowError
 from arealite.world import all_reduce
+
+
+@dataclass
+class AgentGRPOConfig(GRPOConfig):
+    """GRPOConfig plus this script's own section."""
+
+    agent: AgentProgramConfig = setting(
+        factory=AgentProgramConfig, help="the agent program run per sample, behind an OpenAI-compatible endpoint"
+    )
 
 
 def accuracy(rollout: RemoteSGLangEngine, workflow: AgentProgramWorkflow, records: list[dict]) -> float:
@@ -66,8 +76,8 @@ def question(record: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    config = load_config(argv, GRPOConfig)
-    if config.agent is None or not config.agent.command:
+    config = load_config(argv, AgentGRPOConfig)
+    if not config.agent.command:
         raise ConfigError("agent.command is not set; add an agent: section (see configs/tiny_cpu_openai_agent.yaml)")
     rank, world_size = init_distributed(timeout=config.dist_timeout)  # a lost rank fails, never hangs
     if rank == 0:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoTokenizer
@@ -47,11 +48,18 @@ from arealite import (
     reward_fn_for,
     save_config,
 )  # fmt: skip
-from arealite.config import ConfigError
+from arealite.config import ConfigError, ToolUseConfig, setting
 from arealite.eval.evaluator import eval_gconfig
 from arealite.utils.imports import import_object
 from arealite.workflow.tools import DisabledTool
 from arealite.world import all_reduce
+
+
+@dataclass
+class ToolsGRPOConfig(GRPOConfig):
+    """GRPOConfig plus this script's own section."""
+
+    tool_use: ToolUseConfig = setting(factory=ToolUseConfig, help="the tools the model may call, and its turns")
 
 
 def accuracy(rollout: RemoteSGLangEngine, workflow: ToolUseWorkflow, records: list[dict]) -> float:
@@ -65,7 +73,7 @@ def question(record: dict) -> str:
     return record["messages"][-1]["content"]
 
 
-def unsupported_settings(config: GRPOConfig) -> list[str]:
+def unsupported_settings(config: ToolsGRPOConfig) -> list[str]:
     """The settings examples/gsm8k_grpo.py honours and this script does not, each with its fix."""
     found = []
     if config.critic is not None:
@@ -90,9 +98,7 @@ def unsupported_settings(config: GRPOConfig) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    config = load_config(argv, GRPOConfig)
-    if config.tool_use is None:
-        raise ConfigError("tool_use is not set; add a tool_use: section (see configs/tiny_cpu_tools.yaml)")
+    config = load_config(argv, ToolsGRPOConfig)
     unsupported = unsupported_settings(config)
     if unsupported:
         raise ConfigError("examples/tools_grpo.py does not support: " + "; ".join(unsupported))

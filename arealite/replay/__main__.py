@@ -71,7 +71,7 @@ def replay(dump_dir: str, step: int, run_dir: str | None = None) -> dict[str, fl
 
     meta = read_meta(dump_dir, step)
     run_dir = run_dir or meta["run_dir"]
-    config = load_config(["--config", os.path.join(run_dir, "config.yaml")], GRPOConfig)
+    config = load_config(["--config", os.path.join(run_dir, "config.yaml")], GRPOConfig, script_sections=True)
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(config.launcher.cpus_per_trainer)
     rank, world_size = world.init_distributed(timeout=config.dist_timeout)
