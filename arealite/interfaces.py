@@ -22,7 +22,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from arealite.config import InferenceEngineConfig
 from arealite.types import ModelRequest, ModelResponse, WeightUpdateMeta
 
 # What one episode returns: `[G, T]` tensors `input_ids, attention_mask, loss_mask, logprobs,
@@ -107,8 +106,6 @@ class WeightSyncTarget(Protocol):
 class RolloutRunner(Protocol):
     """What the training script uses: episodes run on data, trajectories back as batches."""
 
-    config: InferenceEngineConfig
-
     def submit(
         self, data: dict[str, Any], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
     ) -> None: ...
@@ -119,6 +116,12 @@ class RolloutRunner(Protocol):
         self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
     ) -> Batch:
         """Run `workflow` on every record of `data` now; their trajectories in order."""
+        ...
+
+    def submit_batch(
+        self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
+    ) -> concurrent.futures.Future:
+        """`rollout_batch` without waiting for it: a future of the batch (the lockstep schedule)."""
         ...
 
     def prepare_batch(
@@ -142,6 +145,11 @@ class TrainEngine(Protocol):
 
     @property
     def model(self) -> torch.nn.Module: ...
+
+    @property
+    def has_lora(self) -> bool:
+        """Whether it trains a LoRA adapter: `save` then writes the adapter alone (a peft folder)."""
+        ...
 
     def train_batch(self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn) -> dict[str, float]:
         """One optimizer step on `batch`; collective over trainer ranks."""

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
         PPOCritic(config.critic, total) if config.critic else nullcontext() as critic,  # PPO
         ReferenceModel(config.ref, config.gconfig) if config.ref else nullcontext() as ref,  # the KL's anchor
         RewardPool(max_workers=2) as reward_pool,  # shared by training and evaluation
-        WeightSync(actor, rollout, config.weight_update, config.run_dir, config.weight_keep_versions) as weight_sync,
+        WeightSync.from_config(config, actor, rollout) as weight_sync,  # weight_update, run_dir, ...
     ):
         workflow = RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool)
         loader = train_dataloader(config, tokenizer, rank, world_size)
@@ -75,16 +75,16 @@ def main(argv: list[str]) -> None:
                         batch["ref_logp"] = ref.compute_logp(batch)
                     if critic is not None:  # PPO: advantages by GAE on the critic's values
                         batch["values"] = critic.compute_values(batch)
-                    actor.compute_advantages(batch)
-                    update = actor.ppo_update(batch)  # one dict per optimizer step
-                    stats.update(batch_stats(tracker, batch, version), **update[-1], **batches.stats())
+                    stats.update(actor.compute_advantages(batch))  # its time and backend
+                    update = actor.ppo_update(batch)  # loss, grad norm, clip fractions ... of the update
+                    stats.update(batch_stats(tracker, batch, version), **update, **batches.stats())
                     if dump is not None:  # the batch as trained, with the weights of `version` before the update
                         dump.write(step, version, batch, update)
                     if "eval/pass@1" in stats:  # a few of the trained completions beside each evaluation
                         shown = shown_samples(batch, tokenizer, config.stats_logger.samples_shown)
                         stats_logger.log_samples(step, shown)
                     if critic is not None:
-                        stats.update({f"critic/{k}": v for k, v in critic.ppo_update(batch)[-1].items()})
+                        stats.update({f"critic/{k}": v for k, v in critic.ppo_update(batch).items()})
                 with timer("weight_sync"):
                     batches.drain()  # lockstep: the batches in flight finish on the weights they began with
                     version = step + 1

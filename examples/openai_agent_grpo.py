@@ -10,13 +10,15 @@ questions seen in training left out) is measured before and after training; the 
 
     eval_accuracy_before=<x> eval_accuracy_after=<y>
 
-The loop is the one of examples/tools_grpo.py; programs that fail are counted (`agent/*`).
+The loop is the one of examples/tools_grpo.py (batches from `StepBatches`, in the mode
+`rollout.*` says); programs that fail are counted (`agent/*`).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoTokenizer
@@ -28,6 +30,7 @@ from arealite import (
     RewardPool,
     StatsLogger,
     StatsTracker,
+    StepBatches,
     StepTimer,
     WeightSync,
     batch_stats,
@@ -40,10 +43,19 @@ from arealite import (
     save_config,
 )  # fmt: skip
 from arealite.agent import AgentProgramWorkflow
-from arealite.config import ConfigError
+from arealite.config import AgentProgramConfig, ConfigError, setting
 from arealite.eval.evaluator import eval_gconfig
 from arealite.rollout.executor import RolloutWorkflowError
 from arealite.world import all_reduce
+
+
+@dataclass
+class AgentGRPOConfig(GRPOConfig):
+    """GRPOConfig plus this script's own section."""
+
+    agent: AgentProgramConfig = setting(
+        factory=AgentProgramConfig, help="the agent program run per sample, behind an OpenAI-compatible endpoint"
+    )
 
 
 def accuracy(rollout: RemoteSGLangEngine, workflow: AgentProgramWorkflow, records: list[dict]) -> float:
@@ -64,8 +76,8 @@ def question(record: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    config = load_config(argv, GRPOConfig)
-    if config.agent is None or not config.agent.command:
+    config = load_config(argv, AgentGRPOConfig)
+    if not config.agent.command:
         raise ConfigError("agent.command is not set; add an agent: section (see configs/tiny_cpu_openai_agent.yaml)")
     rank, world_size = init_distributed(timeout=config.dist_timeout)  # a lost rank fails, never hangs
     if rank == 0:
@@ -86,9 +98,7 @@ def main(argv: list[str]) -> None:
         RewardPool(max_workers=2) as reward_pool,
         RemoteSGLangEngine(config.rollout) as rollout,
         PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
-        WeightSync(
-            actor, rollout, config.weight_update, config.run_dir, keep_versions=config.weight_keep_versions
-        ) as weight_sync,
+        WeightSync.from_config(config, actor, rollout) as weight_sync,
     ):
         workflow = AgentProgramWorkflow(
             command, tokenizer, config.gconfig, reward_fn, agent.timeout, agent.host, reward_pool
@@ -98,16 +108,18 @@ def main(argv: list[str]) -> None:
             reward_pool,
         )  # fmt: skip
         before = accuracy(rollout, evaluation, held_out)
-        prompts, tracker, timer = iter(loader), StatsTracker(), StepTimer()
+        batches = StepBatches(rollout, loader, workflow, config.rollout, config.gconfig.group_size)
+        tracker, timer = StatsTracker(), StepTimer()
         for step in range(config.total_train_steps):
             with timer("step"):
                 with timer("rollout"):
-                    batch = rollout.rollout_batch(next(prompts, None) or next(prompts := iter(loader)), workflow)
+                    batch = batches.next_batch()
                 with timer("train"):
                     stats = batch_stats(tracker, batch)
-                    actor.compute_advantages(batch)
-                    stats.update(actor.ppo_update(batch)[-1])
+                    stats.update(actor.compute_advantages(batch))
+                    stats.update(actor.ppo_update(batch), **batches.stats())
                 with timer("weight_sync"):
+                    batches.drain()  # lockstep: the batches in flight finish on the weights they began with
                     weight_sync.sync(step + 1)
             failures = {f"agent/{k}": float(v) for k, v in workflow.stats.items()}  # cumulative, this rank
             stats_logger.commit(step, {**stats, **failures, **timer.pop(), "version": step + 1})

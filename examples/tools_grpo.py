@@ -12,16 +12,18 @@ same prompt, every call failing, so the answer is the model's own). The last lin
 
     accuracy_before=<x> accuracy_with_tool=<y> accuracy_without_tool=<z>
 
-The loop is the one of examples/gsm8k_grpo.py without periodic evaluation, checkpoints,
-a critic, a reference model, dynamic sampling or a prompt-length filter: a config that sets
-any of those is refused with a ConfigError naming the key (`unsupported_settings`), never
-silently ignored.
+The loop is the one of examples/gsm8k_grpo.py (batches from `StepBatches`: synchronous,
+asynchronous, lockstep or dynamic sampling as `rollout.*` says) without periodic evaluation,
+checkpoints, a critic, a reference model or a prompt-length filter: a config that sets any of
+those is refused with a ConfigError naming the key (`unsupported_settings`), never silently
+ignored.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoTokenizer
@@ -33,6 +35,7 @@ from arealite import (
     RewardPool,
     StatsLogger,
     StatsTracker,
+    StepBatches,
     StepTimer,
     ToolUseWorkflow,
     WeightSync,
@@ -45,11 +48,18 @@ from arealite import (
     reward_fn_for,
     save_config,
 )  # fmt: skip
-from arealite.config import ConfigError
+from arealite.config import ConfigError, ToolUseConfig, setting
 from arealite.eval.evaluator import eval_gconfig
 from arealite.utils.imports import import_object
 from arealite.workflow.tools import DisabledTool
 from arealite.world import all_reduce
+
+
+@dataclass
+class ToolsGRPOConfig(GRPOConfig):
+    """GRPOConfig plus this script's own section."""
+
+    tool_use: ToolUseConfig = setting(factory=ToolUseConfig, help="the tools the model may call, and its turns")
 
 
 def accuracy(rollout: RemoteSGLangEngine, workflow: ToolUseWorkflow, records: list[dict]) -> float:
@@ -63,15 +73,13 @@ def question(record: dict) -> str:
     return record["messages"][-1]["content"]
 
 
-def unsupported_settings(config: GRPOConfig) -> list[str]:
+def unsupported_settings(config: ToolsGRPOConfig) -> list[str]:
     """The settings examples/gsm8k_grpo.py honours and this script does not, each with its fix."""
     found = []
     if config.critic is not None:
         found.append("critic: (PPO with a value model) is set; remove it, or use examples/gsm8k_grpo.py")
     if config.ref is not None:
         found.append("ref: (a KL reference model) is set; remove it and set actor.kl_ctl=0")
-    if config.rollout.dynamic_sampling:
-        found.append("rollout.dynamic_sampling=true; set it to false")
     if config.train_dataset.max_prompt_tokens:
         found.append(
             f"train_dataset.max_prompt_tokens={config.train_dataset.max_prompt_tokens} (the tool prompt is not "
@@ -90,9 +98,7 @@ def unsupported_settings(config: GRPOConfig) -> list[str]:
 
 
 def main(argv: list[str]) -> None:
-    config = load_config(argv, GRPOConfig)
-    if config.tool_use is None:
-        raise ConfigError("tool_use is not set; add a tool_use: section (see configs/tiny_cpu_tools.yaml)")
+    config = load_config(argv, ToolsGRPOConfig)
     unsupported = unsupported_settings(config)
     if unsupported:
         raise ConfigError("examples/tools_grpo.py does not support: " + "; ".join(unsupported))
@@ -115,15 +121,12 @@ def main(argv: list[str]) -> None:
     reward_fn, turns = reward_fn_for(config), config.tool_use.max_turns
     eval_g = eval_gconfig(config.evaluator, config.gconfig)
     stats_logger = StatsLogger.from_config(config, rank)
-    asynchronous = config.rollout.max_head_offpolicyness > 0
 
     with (
         RewardPool(max_workers=2) as reward_pool,
         RemoteSGLangEngine(config.rollout) as rollout,
         PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
-        WeightSync(
-            actor, rollout, config.weight_update, config.run_dir, keep_versions=config.weight_keep_versions
-        ) as weight_sync,
+        WeightSync.from_config(config, actor, rollout) as weight_sync,
     ):
         workflow = ToolUseWorkflow(reward_fn, config.gconfig, tokenizer, tools, turns, reward_pool)
         with_tool = ToolUseWorkflow(reward_fn, eval_g, tokenizer, tools, turns, reward_pool)
@@ -131,23 +134,20 @@ def main(argv: list[str]) -> None:
             reward_fn, eval_g, tokenizer, [DisabledTool(t) for t in tools], turns, reward_pool
         )
         before = accuracy(rollout, with_tool, held_out)
-        prompts, tracker, timer = iter(loader), StatsTracker(), StepTimer()
+        batches = StepBatches(rollout, loader, workflow, config.rollout, config.gconfig.group_size)
+        tracker, timer = StatsTracker(), StepTimer()
         for step in range(config.total_train_steps):
             with timer("step"):
                 with timer("rollout"):
-                    if asynchronous:
-                        batch = rollout.prepare_batch(loader, workflow)
-                    else:
-                        batch = rollout.rollout_batch(next(prompts, None) or next(prompts := iter(loader)), workflow)
+                    batch = batches.next_batch()
                 with timer("train"):
-                    actor.compute_advantages(batch)
-                    train_stats = actor.ppo_update(batch)
+                    stats = actor.compute_advantages(batch)
+                    stats.update(actor.ppo_update(batch), **batches.stats())
                 with timer("weight_sync"):
+                    batches.drain()  # lockstep: the batches in flight finish on the weights they began with
                     weight_sync.sync(step + 1)
             tracker.masked_mean("tool_calls", batch["num_tool_calls"].float())
-            stats_logger.commit(
-                step, {**batch_stats(tracker, batch), **train_stats[-1], **timer.pop(), "version": step + 1}
-            )
+            stats_logger.commit(step, {**batch_stats(tracker, batch), **stats, **timer.pop(), "version": step + 1})
         after_with, after_without = accuracy(rollout, with_tool, held_out), accuracy(rollout, without_tool, held_out)
     plot = stats_logger.close(plot=config.stats_logger.plot)
     if rank == 0:

@@ -235,3 +235,17 @@ def test_lockstep_schedule_names_what_it_needs():
     with pytest.raises(ConfigError, match="dynamic_sampling=false"):
         InferenceEngineConfig(schedule="lockstep", max_head_offpolicyness=1, dynamic_sampling=True)
     assert InferenceEngineConfig(schedule="lockstep", max_head_offpolicyness=1).schedule == "lockstep"
+
+
+def test_readers_of_the_shared_sections_leave_a_scripts_own_sections_out(tmp_path):
+    """`script_sections=True` (launchers, replay) drops top-level sections GRPOConfig lacks, from the
+    file and the overrides, and still checks everything else."""
+    path = write(tmp_path, "seed: 3\nmy_script:\n  knob: 1\nactor:\n  path: /m\n")
+    cfg = load_config(["--config", path, "my_script.other=2"], GRPOConfig, script_sections=True)
+    assert cfg.seed == 3 and cfg.actor.path == "/m"
+    with pytest.raises(ConfigError, match="unknown config key 'my_script'"):
+        load_config(["--config", path], GRPOConfig)
+    with pytest.raises(ConfigError, match="unknown config key 'seeed'"):
+        load_config(["--config", path, "seeed=4"], GRPOConfig, script_sections=True)  # a key, not a section
+    with pytest.raises(ConfigError, match="unknown config key 'actor.pth'"):
+        load_config(["--config", path, "actor.pth=/x"], GRPOConfig, script_sections=True)

@@ -15,7 +15,6 @@ from arealite.config.reward import JudgeConfig, RewardModelConfig
 from arealite.config.rollout import InferenceEngineConfig, ServerConfig
 from arealite.config.run import LauncherConfig, RecoverConfig, StatsLoggerConfig
 from arealite.config.train import PPOActorConfig, PPOCriticConfig, SFTConfig, TrainEngineConfig
-from arealite.config.workflow import AgentProgramConfig, ToolUseConfig
 
 WeightUpdateMode = Literal["disk", "distributed", "lora"]
 VLLM_MIN_TEMPERATURE = 0.01  # vLLM 0.32 raises a temperature in (0, 0.01) to this (SamplingParams)
@@ -23,7 +22,8 @@ VLLM_MIN_TEMPERATURE = 0.01  # vLLM 0.32 raises a temperature in (0, 0.01) to th
 
 @dataclass
 class GRPOConfig:
-    """A GRPO/PPO experiment: everything one training script reads."""
+    """A GRPO/PPO experiment: the sections every training script shares. A script with settings of
+    its own subclasses it (examples/tools_grpo.py adds `tool_use`, examples/openai_agent_grpo.py `agent`)."""
 
     experiment_name: str = setting("arealite", "names the run directory (and the wandb run)")
     trial_name: str = setting("trial0", "one attempt of an experiment; recovery resumes the same trial")
@@ -66,10 +66,6 @@ class GRPOConfig:
     recover: RecoverConfig = setting(factory=RecoverConfig, help="checkpoints and resuming")
     evaluator: EvaluatorConfig = setting(factory=EvaluatorConfig, help="held-out evaluation during training")
     sft: SFTConfig = setting(factory=SFTConfig, help="the supervised warm start before RL")
-    tool_use: ToolUseConfig | None = setting(None, "tool calling (examples/tools_grpo.py)")
-    agent: AgentProgramConfig | None = setting(
-        None, "agent programs behind an OpenAI-compatible endpoint (examples/openai_agent_grpo.py)"
-    )
     judge: JudgeConfig | None = setting(None, "an LLM judge as the reward (instead of reward_fn / the dataset's)")
     reward_model: RewardModelConfig | None = setting(
         None, "a scalar reward model as the reward (instead of reward_fn / the dataset's)"

@@ -5,6 +5,8 @@ dotted path and the closest valid names; a key that was renamed or removed fails
 new spelling (`RENAMED`); a wrong type fails naming the field and the expected type;
 validation in the dataclasses' `__post_init__` raises `ConfigError`. `-h` / `--help` prints
 every field with its type, default and help text (`arealite.config.help`) and exits 0.
+A script's own settings are a subclass of the experiment config (examples/tools_grpo.py);
+readers of the shared sections alone (launchers, replay) load with `script_sections=True`.
 """
 
 from __future__ import annotations
@@ -114,13 +116,15 @@ def _parse_argv(argv: list[str]) -> tuple[str | None, list[str]]:
     return config_path, overrides
 
 
-def load_config(argv: list[str], cls: type[C], prog: str | None = None) -> C:
+def load_config(argv: list[str], cls: type[C], prog: str | None = None, script_sections: bool = False) -> C:
     """Build a `cls` instance from `--config FILE.yaml` plus `key=value` overrides.
 
     Raises ConfigError naming the dotted path of an unknown key (with close matches) or the
     new spelling of a removed one, the field and expected type of a wrongly typed value, or a
     missing config file. With `-h` / `--help` in `argv`, prints the config help (usage line
-    naming `prog`, default: this process's script) and exits 0.
+    naming `prog`, default: this process's script) and exits 0. With `script_sections`, a
+    top-level section `cls` lacks is left out instead (the training script's own subclass of
+    `cls` reads and checks it); everything else is checked as usual.
     """
     if any(arg in HELP_FLAGS for arg in argv):
         from arealite.config.help import config_help
@@ -143,6 +147,8 @@ def load_config(argv: list[str], cls: type[C], prog: str | None = None) -> C:
             layers.append(OmegaConf.from_dotlist(overrides))
         except OmegaConfBaseException as e:
             raise ConfigError(f"cannot parse overrides {overrides}: {e}") from e
+    if script_sections:
+        layers = [_without_unknown_sections(cls, layer) for layer in layers]
     for layer in layers:
         _check_keys(cls, OmegaConf.to_container(layer, resolve=False), "")
     schema = OmegaConf.structured(cls)
@@ -156,6 +162,15 @@ def load_config(argv: list[str], cls: type[C], prog: str | None = None) -> C:
         expected = _expected_type(cls, str(key))
         msg = str(e).splitlines()[0]
         raise ConfigError(f"config field '{key}' expects {expected}: {msg}") from e
+
+
+def _without_unknown_sections(cls: type, layer: DictConfig) -> DictConfig:
+    """`layer` without its top-level mappings whose key is no field of `cls` (a script's sections)."""
+    known = set(_dataclass_keys(cls))
+    unknown = [k for k, v in layer.items() if k not in known and isinstance(v, DictConfig)]
+    if not unknown:
+        return layer
+    return OmegaConf.create({k: v for k, v in layer.items() if k not in unknown})
 
 
 def _failing_section(cls: type, node: Any, prefix: str = "") -> str | None:

@@ -1,5 +1,6 @@
 """What a rollout workflow adds to a sample: tool calling (`ToolUseConfig`) and agents that are
-programs (`AgentProgramConfig`)."""
+programs (`AgentProgramConfig`). Neither is a section of `GRPOConfig`: the example scripts that
+read them add them in their own subclass (`tool_use`, `agent`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from arealite.config.fields import check_positive, setting
 
 @dataclass
 class ToolUseConfig:
-    """Tool calling in rollouts (`arealite.workflow.ToolUseWorkflow`), read by examples/tools_grpo.py."""
+    """Tool calling in rollouts (`arealite.workflow.ToolUseWorkflow`): examples/tools_grpo.py's `tool_use`."""
 
     tools: list[str] = setting(
         factory=lambda: ["arealite.workflow.tools:Calculator"],
@@ -24,7 +25,7 @@ class ToolUseConfig:
 
 @dataclass
 class AgentProgramConfig:
-    """Agents that are programs (`arealite.agent.AgentProgramWorkflow`), read by examples/openai_agent_grpo.py."""
+    """Agents that are programs (`arealite.agent.AgentProgramWorkflow`): examples/openai_agent_grpo.py's `agent`."""
 
     command: list[str] = setting(
         factory=list,

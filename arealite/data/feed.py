@@ -2,15 +2,13 @@
 
 The asynchronous executor pulls prompts ahead of training, so a dataloader position alone
 cannot say which prompts a checkpoint has trained. The feed hands out the loader's batches,
-tags every trajectory with its prompt (`prompt_index` [G], via `feed.tag(workflow)`), and
-`consume(batch)` retires the prompts of a trained batch. Its `state_dict()` holds the
-loader's position plus the prompts handed out but not yet trained; after `load_state_dict`
-those are handed out again first, so a recovered run trains every prompt exactly once.
-
-`feed.tag(workflow, should_accept)` also filters trajectories (asynchronous dynamic sampling,
-`arealite.rollout.dynamic_sampling`): a prompt whose group the filter drops is retired like a
-trained one (it was used; it is not retried after a recovery). A group the workflow itself
-rejects (a failed reward) stays pending.
+each record numbered (`prompt_index`; `arealite.rollout.step_batches.TaggedWorkflow` copies it
+onto the record's trajectory), and `consume(batch)` retires the prompts of a trained batch.
+Its `state_dict()` holds the loader's position plus the prompts handed out but not yet
+trained; after `load_state_dict` those are handed out again first, so a recovered run trains
+every prompt exactly once. A prompt whose group a filter drops (`drop`, asynchronous dynamic
+sampling) is retired like a trained one (it was used; it is not retried after a recovery); a
+group the workflow itself rejects (a failed reward) stays pending.
 """
 
 from __future__ import annotations
@@ -23,9 +21,8 @@ import torch
 import torch.distributed as dist
 
 from arealite import world
-from arealite.interfaces import AcceptFn, GenerationEngine, RolloutWorkflow, Trajectory
 
-INDEX_KEY = "prompt_index"  # per-sequence [B] tensor: which handed-out prompt a row came from
+INDEX_KEY = "prompt_index"  # per-record int, per-sequence [B] tensor: which handed-out prompt a row came from
 
 
 def gather_prompt_ids(records: list[dict[str, Any]]) -> list[str]:
@@ -66,11 +63,6 @@ class DataFeed:
             out.append(r)
         return out
 
-    def tag(self, workflow: RolloutWorkflow, should_accept: AcceptFn | None = None) -> TaggedWorkflow:
-        """`workflow` whose trajectories carry `prompt_index` (needed by `consume` in async mode);
-        with `should_accept`, a trajectory it refuses is dropped and its prompt retired."""
-        return TaggedWorkflow(workflow, self, should_accept)
-
     def drop(self, index: int) -> None:
         """Retire a handed-out prompt whose group was filtered out; safe from any thread."""
         self._dropped.put(index)
@@ -104,26 +96,3 @@ class DataFeed:
         self.loader.load_state_dict(state["loader"])
         self._replay = list(state["pending"])
         self._out.clear()
-
-
-class TaggedWorkflow(RolloutWorkflow):
-    """Runs the wrapped workflow and adds `prompt_index` [G] to its trajectory; applies the filter."""
-
-    def __init__(
-        self, workflow: RolloutWorkflow, feed: DataFeed | None = None, should_accept: AcceptFn | None = None
-    ) -> None:
-        self.workflow = workflow
-        self.feed = feed
-        self.should_accept = should_accept
-
-    async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
-        inner = {k: v for k, v in data.items() if k != INDEX_KEY}
-        traj = await self.workflow.arun_episode(engine, inner)
-        if traj is not None and self.should_accept is not None and not self.should_accept(traj):
-            if self.feed is not None:
-                self.feed.drop(int(data[INDEX_KEY]))
-            return None
-        if traj is not None:
-            rows = traj["attention_mask"].shape[0]
-            traj[INDEX_KEY] = torch.full((rows,), int(data[INDEX_KEY]), dtype=torch.long)
-        return traj

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if version is None:
         m = re.fullmatch(r"v(\d+)", os.path.basename(os.path.normpath(model)))
         version = m.group(1) if m else "0"
-    config = load_config(argv, GRPOConfig)
+    config = load_config(argv, GRPOConfig, script_sections=True)
     return evaluate_model(config, model, int(version), n_servers)
 
 

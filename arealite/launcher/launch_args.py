@@ -2,7 +2,8 @@
 [key=value ...]`, and how a launch's outcome becomes the launcher's exit code.
 
 Everything after SCRIPT is the trainer's own argv; the launcher parses it with the same
-`load_config` the trainer will use, so both see one configuration. Exit codes, the same for
+`load_config` the trainer will use, so both see one configuration (the sections a script adds
+in its own config subclass are left to the script). Exit codes, the same for
 every launcher: the run's own status; 1 when a process of the run failed (`LaunchError`); 2
 for a bad command line or config (`ConfigError`); 128+N after signal N (SIGINT, SIGTERM).
 """
@@ -53,7 +54,8 @@ def parse_launch_args(argv: list[str], name: str, allowed_options: tuple[str, ..
     if not os.path.isfile(script):
         raise ConfigError(f"training script {script!r} does not exist (cwd: {os.getcwd()})")
     # after SCRIPT, --help prints every config field and exits 0
-    config = load_config(trainer_args, GRPOConfig, prog=f"python -m arealite.launcher.{name} {script}")
+    prog = f"python -m arealite.launcher.{name} {script}"
+    config = load_config(trainer_args, GRPOConfig, prog=prog, script_sections=True)
     return LaunchArgs(script=script, trainer_args=trainer_args, config=config, options=options)
 
 

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=int, default=None, help="server index; default $SLURM_PROCID")
     a = p.parse_args(argv)
     index = a.index if a.index is not None else int(os.environ.get("SLURM_PROCID", "0"))
-    config = load_config(["--config", a.config], GRPOConfig)
+    config = load_config(["--config", a.config], GRPOConfig, script_sections=True)
 
     def run() -> int:
         serve(config, a.run_dir, a.backend, index)

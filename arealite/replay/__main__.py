@@ -56,7 +56,7 @@ def logged_update(run_dir: str, step: int, meta: dict[str, Any]) -> dict[str, fl
                 row = json.loads(line) if line.strip() else {}
                 if row.get("step") == step and "loss" in row:
                     return row
-    return meta["update_stats"][-1]
+    return meta["update_stats"]
 
 
 def rel_diff(value: float, reference: float) -> float:
@@ -64,14 +64,14 @@ def rel_diff(value: float, reference: float) -> float:
 
 
 def replay(dump_dir: str, step: int, run_dir: str | None = None) -> dict[str, float]:
-    """Replay step `step`; returns its update stats (of the last optimizer step) and the relative diffs."""
+    """Replay step `step`; returns its update stats and the relative diffs."""
     from arealite import world
     from arealite.config import GRPOConfig, load_config
     from arealite.train.actor import PPOActor
 
     meta = read_meta(dump_dir, step)
     run_dir = run_dir or meta["run_dir"]
-    config = load_config(["--config", os.path.join(run_dir, "config.yaml")], GRPOConfig)
+    config = load_config(["--config", os.path.join(run_dir, "config.yaml")], GRPOConfig, script_sections=True)
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(config.launcher.cpus_per_trainer)
     rank, world_size = world.init_distributed(timeout=config.dist_timeout)
@@ -94,9 +94,9 @@ def replay(dump_dir: str, step: int, run_dir: str | None = None) -> dict[str, fl
         for s in range(first, step + 1):
             stats = actor.ppo_update(read_batch(dump_dir, s, rank))
             if rank == 0:
-                print(f"[replay] step {s}: loss={stats[-1]['loss']!r} grad_norm={stats[-1]['grad_norm']!r}", flush=True)
+                print(f"[replay] step {s}: loss={stats['loss']!r} grad_norm={stats['grad_norm']!r}", flush=True)
     logged = logged_update(run_dir, step, meta)
-    out = dict(stats[-1])
+    out = dict(stats)
     out["replay_loss_rel_diff"] = rel_diff(out["loss"], logged["loss"])
     out["replay_grad_norm_rel_diff"] = rel_diff(out["grad_norm"], logged["grad_norm"])
     return out

@@ -2,7 +2,7 @@
 
     <dump_dir>/step_<n>/rank<r>.jsonl   one line per sample of trainer rank r, in batch order
     <dump_dir>/step_<n>/meta.json       step, version, world size, run directory, the update's
-                                        stats (one dict per optimizer step) and tensor dtypes
+                                        stats (one dict) and tensor dtypes
 
 A line holds `prompt` and `completion` (text: the tokens before the first trained token, and
 from it to the end, tool results included) and every tensor of the batch as it went into
@@ -54,7 +54,7 @@ class RolloutDump:
             return None
         return cls(r.dump_dir, tokenizer, config.run_dir, rank, world_size, r.dump_keep_steps)
 
-    def write(self, step: int, version: int, batch: dict[str, Any], update_stats: list[dict[str, float]]) -> str:
+    def write(self, step: int, version: int, batch: dict[str, Any], update_stats: dict[str, float]) -> str:
         """Dump this rank's `batch` (as trained at `step`, weights of `version` before the update)."""
         folder = step_dir(self.dump_dir, step)
         os.makedirs(folder, exist_ok=True)

@@ -42,8 +42,9 @@ def informative_rows(batch: Batch, group_size: int) -> list[list[int]]:
 class DynamicSampler:
     """Batches of groups whose rewards differ, from `feed`; see the module docstring.
 
-    Synchronous: `next_batch`, with a workflow tagged by `feed.tag` (rows carry
-    `prompt_index`). Asynchronous: `feed.tag(workflow, sampler.accept)` and `prepare_batch`.
+    Synchronous: `next_batch`, with a workflow whose rows carry `prompt_index` (`TaggedWorkflow`
+    of `arealite.rollout.step_batches`). Asynchronous: `TaggedWorkflow(workflow, feed,
+    sampler.accept)` and `prepare_batch`.
     """
 
     def __init__(self, feed: DataFeed, group_size: int) -> None:

@@ -20,13 +20,15 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from arealite.interfaces import Batch, RolloutWorkflow
+from arealite.interfaces import Batch, RolloutRunner, RolloutWorkflow
 
 
 class LockstepRollout:
     """`next_batch()` for each training step; `drain()` before each weight sync."""
 
-    def __init__(self, engine: Any, batches: Iterator[list[dict[str, Any]]], workflow: RolloutWorkflow, k: int):
+    def __init__(
+        self, engine: RolloutRunner, batches: Iterator[list[dict[str, Any]]], workflow: RolloutWorkflow, k: int
+    ) -> None:
         if k < 1:
             raise ValueError(
                 f"rollout.schedule=lockstep needs rollout.max_head_offpolicyness >= 1 (the lookahead), got {k}; "

@@ -5,8 +5,9 @@ prompts), asynchronous within the staleness bound (`prepare_batch`), lockstep
 (`LockstepRollout`), dynamic sampling (`DynamicSampler`, or its filter on asynchronous runs).
 Behind it sits the data feed (`DataFeed`): it remembers which prompts are out, retires those
 of each returned batch, and is what a checkpoint saves (`state_dict`), so a recovered run
-trains every prompt exactly once. Call `drain()` before each weight sync (lockstep lets its
-batches in flight finish on the weights they began with; a no-op otherwise).
+trains every prompt exactly once (`TaggedWorkflow` marks each trajectory with its prompt for
+it). Call `drain()` before each weight sync (lockstep lets its batches in flight finish on the
+weights they began with; a no-op otherwise).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from __future__ import annotations
 from itertools import chain, repeat
 from typing import Any
 
+import torch
+
 from arealite.config import InferenceEngineConfig
-from arealite.data.feed import DataFeed
-from arealite.interfaces import Batch, RolloutWorkflow
+from arealite.data.feed import INDEX_KEY, DataFeed
+from arealite.interfaces import AcceptFn, Batch, GenerationEngine, RolloutRunner, RolloutWorkflow, Trajectory
 from arealite.rollout.dynamic_sampling import DynamicSampler
 from arealite.rollout.lockstep import LockstepRollout
 
@@ -25,7 +28,12 @@ class StepBatches:
     """One training batch per `next_batch()`; `stats()` says what it trained and dropped."""
 
     def __init__(
-        self, rollout: Any, loader: Any, workflow: RolloutWorkflow, config: InferenceEngineConfig, group_size: int
+        self,
+        rollout: RolloutRunner,
+        loader: Any,
+        workflow: RolloutWorkflow,
+        config: InferenceEngineConfig,
+        group_size: int,
     ) -> None:
         self.rollout = rollout
         self.feed = DataFeed(loader)  # remembers prompts handed out but not yet trained (exact recovery)
@@ -33,7 +41,7 @@ class StepBatches:
         # dynamic sampling: asynchronous runs filter each finished group, synchronous ones per batch
         self.sampler = DynamicSampler(self.feed, group_size) if config.dynamic_sampling else None
         accept = self.sampler.accept if self.sampler and self.asynchronous else None
-        self.workflow = self.feed.tag(workflow, accept)
+        self.workflow = TaggedWorkflow(workflow, self.feed, accept)
         self._prompts = chain.from_iterable(repeat(self.feed))  # synchronous runs' prompts, epoch after epoch
         self.lockstep = None
         if config.schedule == "lockstep":
@@ -72,3 +80,24 @@ class StepBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.feed.load_state_dict(state)
+
+
+class TaggedWorkflow(RolloutWorkflow):
+    """Runs the wrapped workflow and adds `prompt_index` [G] to its trajectory (what `feed.consume`
+    retires); a trajectory `should_accept` refuses is dropped and its prompt retired (`feed.drop`)."""
+
+    def __init__(self, workflow: RolloutWorkflow, feed: DataFeed, should_accept: AcceptFn | None = None) -> None:
+        self.workflow = workflow
+        self.feed = feed
+        self.should_accept = should_accept
+
+    async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
+        inner = {k: v for k, v in data.items() if k != INDEX_KEY}
+        traj = await self.workflow.arun_episode(engine, inner)
+        if traj is not None and self.should_accept is not None and not self.should_accept(traj):
+            self.feed.drop(int(data[INDEX_KEY]))
+            return None
+        if traj is not None:
+            rows = traj["attention_mask"].shape[0]
+            traj[INDEX_KEY] = torch.full((rows,), int(data[INDEX_KEY]), dtype=torch.long)
+        return traj

@@ -75,7 +75,7 @@ def run_warm_start(config: GRPOConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = load_config(sys.argv[1:] if argv is None else argv, GRPOConfig)
+    config = load_config(sys.argv[1:] if argv is None else argv, GRPOConfig, script_sections=True)
     if has_model(config.actor.path):
         print(f"[sft] {config.actor.path} already holds a model; skipping the warm start", flush=True)
         return 0

@@ -2,8 +2,8 @@
 
 Typical step (docs/architecture.md §1), every call collective over trainer ranks:
 
-    actor.compute_advantages(batch)          # writes batch["advantages"] (and "returns")
-    stats = actor.ppo_update(batch)          # one dict per optimizer step (ppo_n_minibatches)
+    stats = actor.compute_advantages(batch)  # writes batch["advantages"] (and "returns"); its timing
+    stats.update(actor.ppo_update(batch))    # the update's stats, over its ppo_n_minibatches steps
 
 `prox_logp`, the log-probs under the weights before the update, costs no extra forward when
 the update is one optimizer step (`ppo_n_minibatches == 1`): micro-batches only accumulate
@@ -67,7 +67,6 @@ class PPOActor(FSDPEngine):
         super().__init__(config, optimizer_steps, build_model)
         self.config: PPOActorConfig = config
         self.gconfig = gconfig if gconfig is not None else GenerationHyperparameters()
-        self._advantage_stats: dict[str, float] = {}  # of the last compute_advantages, for ppo_update
 
     @torch.no_grad()
     def compute_logp(self, batch: Batch, temperature: float | None = None) -> torch.Tensor:
@@ -79,16 +78,16 @@ class PPOActor(FSDPEngine):
         temp = self.gconfig.logprob_temperature if temperature is None else temperature
         return batch_token_logprobs(self, batch, temp, self.gconfig.logprob_truncation)
 
-    def compute_advantages(self, batch: Batch) -> Batch:
-        """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns it.
+    def compute_advantages(self, batch: Batch) -> dict[str, float]:
+        """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns its stats.
 
         With `mask_no_eos_with_zero` it also replaces `loss_mask` by one without the truncated
         responses (so the critic's update skips them too), keeping the workflow's mask as
         `response_mask`, which the statistics read (`batch_stats` may run before or after).
 
         The estimate runs on the trainer's device (the Triton kernels on CUDA) and the results
-        come back to the batch's device. Its wall time and backend land in the stats of the
-        next `ppo_update` (`time/advantages`, `advantages/backend_triton`: 1 Triton, 0 torch).
+        come back to the batch's device. The stats are its wall time and backend
+        (`time/advantages`, `advantages/backend_triton`: 1 Triton, 0 torch).
         A KL-in-reward penalty reads `prox_logp`: if the batch lacks it (and
         `recompute_logprob` is on) it is computed here first and left in `batch`, so the
         update uses the same values; collective then.
@@ -105,14 +104,14 @@ class PPOActor(FSDPEngine):
         if "loss_mask" in result:
             batch.setdefault("response_mask", batch["loss_mask"])
         batch.update(result)
-        self._advantage_stats = {
+        return {
             "time/advantages": time.perf_counter() - started,
             "advantages/backend_triton": float(advantages_backend(self.device) == "triton"),
         }
-        return batch
 
-    def ppo_update(self, batch: Batch) -> list[dict[str, float]]:
-        """`ppo_n_minibatches` optimizer steps over this rank's batch; stats per step.
+    def ppo_update(self, batch: Batch) -> dict[str, float]:
+        """`ppo_n_minibatches` optimizer steps over this rank's batch; the update's stats (one dict:
+        a mean over the steps weighted by their loss weight, extrema over them; FSDPEngine.train_minibatches).
 
         Needs `advantages` (compute_advantages). The old policy of the PPO ratio, `prox_logp`:
         the batch's own if set; else, with `recompute_logprob`, the log-probs at the current
@@ -138,9 +137,7 @@ class PPOActor(FSDPEngine):
             truncation=self.gconfig.logprob_truncation,
         )
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
-        out = self.train_minibatches(batch, loss_fn, weight_fn, cfg.ppo_n_minibatches, "actor.ppo_n_minibatches")
-        advantage_stats, self._advantage_stats = self._advantage_stats, {}
-        return [{**stats, **advantage_stats} for stats in out]
+        return self.train_minibatches(batch, loss_fn, weight_fn, cfg.ppo_n_minibatches, "actor.ppo_n_minibatches")
 
 
 def actor_loss(

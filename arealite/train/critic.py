@@ -59,8 +59,8 @@ class PPOCritic(FSDPEngine):
         """Token-aligned values [B, T] at the current weights; 0 at t = 0 and on padding."""
         return self.forward(batch, lambda scores, mb: packed_token_values(scores, mb["cu_seqlens"]))
 
-    def ppo_update(self, batch: Batch) -> list[dict[str, float]]:
-        """`ppo_n_minibatches` optimizer steps of the clipped value loss; stats per step.
+    def ppo_update(self, batch: Batch) -> dict[str, float]:
+        """`ppo_n_minibatches` optimizer steps of the clipped value loss; the update's stats (one dict).
 
         Needs `values` (the values the advantages were computed with) and `returns`.
         """

@@ -53,6 +53,29 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
 
 
+def merge_step_stats(steps: list[dict[str, float]]) -> dict[str, float]:
+    """The stats of an update of several optimizer steps (`train_batch`'s each) as one dict:
+    `*_max` / `*_min` keys by max / min, `loss_weight` summed, every other key the mean over
+    the steps weighted by their `loss_weight` (so `loss` is that of the whole batch; equal
+    weights if every step's is 0). One step's stats are returned as they are."""
+    if len(steps) == 1:
+        return dict(steps[0])
+    total = sum(s["loss_weight"] for s in steps)
+    weights = [s["loss_weight"] / total if total > 0 else 1 / len(steps) for s in steps]
+    out = {}
+    for key in steps[0]:
+        values = [s[key] for s in steps]
+        if key.endswith("_max"):
+            out[key] = max(values)
+        elif key.endswith("_min"):
+            out[key] = min(values)
+        elif key == "loss_weight":
+            out[key] = total
+        else:
+            out[key] = sum(w * v for w, v in zip(weights, values))
+    return out
+
+
 def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
     # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA
     # (in bf16/fp16 only); elsewhere our varlen sdpa attends segments of the row (transformers' own sdpa
@@ -149,6 +172,11 @@ class FSDPEngine:
         if self._model is None:
             raise RuntimeError(f"{type(self).__name__} is not initialized; call .initialize() first")
         return self._model
+
+    @property
+    def has_lora(self) -> bool:
+        """Whether the engine trains a LoRA adapter (`config.lora`): `save` then writes the adapter alone."""
+        return self.config.lora is not None
 
     @property
     def activation_checkpointing(self) -> bool:
@@ -270,8 +298,9 @@ class FSDPEngine:
 
     def train_minibatches(
         self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn, n_minibatches: int, setting: str
-    ) -> list[dict[str, float]]:
-        """`n_minibatches` optimizer steps over this rank's `batch`; collective. Stats per step.
+    ) -> dict[str, float]:
+        """`n_minibatches` optimizer steps over this rank's `batch`; collective. The update's stats
+        (`merge_step_stats` of the steps').
 
         The PPO update of the actor and of the critic: balance the sequences across ranks (with
         `mb_spec.balance_across_ranks`), split them into minibatches of about equal token counts,
@@ -283,10 +312,12 @@ class FSDPEngine:
         lens = seqlens_of(batch["attention_mask"]).tolist()
         if len(lens) < n_minibatches:
             raise ValueError(f"this rank holds {len(lens)} sequences, fewer than {setting}={n_minibatches}")
-        return [
-            self.train_batch(select(batch, rows), loss_fn, loss_weight_fn)
-            for rows in balanced_partition(lens, n_minibatches)
-        ]
+        return merge_step_stats(
+            [
+                self.train_batch(select(batch, rows), loss_fn, loss_weight_fn)
+                for rows in balanced_partition(lens, n_minibatches)
+            ]
+        )
 
     def _accumulate_gradients(
         self, batch: Batch, loss_fn: LossFn, loss_weight_fn: LossWeightFn

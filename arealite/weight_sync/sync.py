@@ -1,7 +1,7 @@
 """`WeightSync`: the trainer's weights to every server, as one object (docs/architecture.md §6).
 
-    with WeightSync(actor, rollout, config.weight_update, config.run_dir) as weight_sync:  # collective
-        weight_sync.sync(version)                                                         # collective
+    with WeightSync.from_config(config, actor, rollout) as weight_sync:  # collective
+        weight_sync.sync(version)                                          # collective
 
 `sync(version)`, on every trainer rank: write (disk/lora) -> pause -> servers load -> rank 0
 checks every server in rotation reports `version` -> client and actor move to `version` ->
@@ -18,7 +18,7 @@ import typing
 from collections.abc import Callable
 
 from arealite import world
-from arealite.config import WeightUpdateMode
+from arealite.config import GRPOConfig, WeightUpdateMode
 from arealite.interfaces import TrainEngine, WeightSyncTarget
 from arealite.stats import console
 from arealite.types import WeightUpdateMeta
@@ -35,8 +35,9 @@ class WeightSync:
 
     `mode`: "disk" (an HF folder under `<run_dir>/weights/v<N>`, the newest `keep_versions`
     kept), "distributed" (broadcast over a process group; `backend` default nccl when the
-    actor computes on CUDA, else gloo; buckets of at most `chunk_mb` MiB) or "lora" (only the
-    actor's LoRA adapter, written like a disk version and loaded under a name per version).
+    actor computes on CUDA, else gloo; buckets of at most `chunk_mb` MiB; the group may take
+    `timeout` seconds to form and one broadcast may wait as long) or "lora" (only the actor's
+    LoRA adapter, written like a disk version and loaded under a name per version).
     `on_bucket(i, bucket)` runs on rank 0 just before bucket i is broadcast (tests use it to
     fail a server mid-broadcast).
     """
@@ -51,17 +52,17 @@ class WeightSync:
         backend: str | None = None,
         chunk_mb: int = 256,
         on_bucket: Callable[[int, list[WeightSpec]], None] | None = None,
+        timeout: float = WeightUpdateMeta.timeout,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"weight_update={mode!r} is not supported; use 'disk', 'distributed' or 'lora'")
         if mode != "distributed" and keep_versions < 1:
             raise ValueError(f"keep_versions={keep_versions} must be >= 1: the servers load the newest version")
-        has_lora = getattr(getattr(actor, "config", None), "lora", None) is not None
-        if (mode == "lora") != has_lora:
+        if (mode == "lora") != actor.has_lora:
             raise ValueError(
                 f"weight_update={mode!r} does not fit the actor "
-                f"({'a LoRA adapter' if has_lora else 'no LoRA adapter'}); use weight_update=lora exactly when "
-                "actor.lora is set"
+                f"({'a LoRA adapter' if actor.has_lora else 'no LoRA adapter'}); use weight_update=lora exactly "
+                "when actor.lora is set"
             )
         if mode != "distributed" and not run_dir:
             raise ValueError(f"weight_update={mode!r} needs run_dir: the folder the servers read the weights from")
@@ -78,12 +79,21 @@ class WeightSync:
                 # servers on other hosts must reach rank 0: not loopback outside a launcher either
                 master_address=os.environ.get("MASTER_ADDR") or net.host_address(),
                 backend=backend or ("nccl" if actor.device.type == "cuda" else "gloo"),  # the trainer's device
-                timeout=rollout.config.weight_update_timeout,
+                timeout=timeout,
                 weight_chunk_mb=chunk_mb,
             )
             if world.is_main():
                 meta = ensure_group(self._groups, rollout, meta)  # rebuilt when servers die or come back
             self._meta = meta
+
+    @classmethod
+    def from_config(cls, config: GRPOConfig, actor: TrainEngine, rollout: WeightSyncTarget) -> WeightSync:
+        """As a GRPOConfig says: `weight_update`, `run_dir`, `weight_keep_versions` and
+        `rollout.weight_update_timeout` (the servers' side of the same group reads it too)."""
+        return cls(
+            actor, rollout, config.weight_update, config.run_dir, config.weight_keep_versions,
+            timeout=config.rollout.weight_update_timeout,
+        )  # fmt: skip
 
     # ---- lifecycle -------------------------------------------------------------------------
 

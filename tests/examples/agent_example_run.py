@@ -24,6 +24,6 @@ def run_agent_example(overrides: list[str], timeout: float) -> tuple[tuple[float
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     line = re.search(r"eval_accuracy_before=([\d.]+) eval_accuracy_after=([\d.]+)", proc.stdout)
     assert line, proc.stdout[-2000:]
-    run_dir = load_config(["--config", CONFIG, *overrides], GRPOConfig).run_dir
+    run_dir = load_config(["--config", CONFIG, *overrides], GRPOConfig, script_sections=True).run_dir
     rows = [json.loads(x) for x in open(os.path.join(run_dir, "stats.jsonl"))]
     return (float(line[1]), float(line[2])), rows

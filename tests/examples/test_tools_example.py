@@ -32,7 +32,7 @@ def test_tools_example_runs_two_steps(tmp_path, tool_model_dir):
         r"accuracy_before=([\d.]+) accuracy_with_tool=([\d.]+) accuracy_without_tool=([\d.]+)", proc.stdout
     )
     assert line and all(0.0 <= float(x) <= 1.0 for x in line.groups()), proc.stdout[-2000:]
-    run_dir = load_config(["--config", CONFIG, *overrides], GRPOConfig).run_dir
+    run_dir = load_config(["--config", CONFIG, *overrides], GRPOConfig, script_sections=True).run_dir
     rows = [json.loads(x) for x in open(os.path.join(run_dir, "stats.jsonl"))]
     assert [r["step"] for r in rows] == [0, 1] and all(
         "tool_calls" in r and r["version"] == r["step"] + 1 for r in rows
@@ -42,8 +42,19 @@ def test_tools_example_runs_two_steps(tmp_path, tool_model_dir):
 def _tools_example():
     spec = importlib.util.spec_from_file_location("tools_grpo", os.path.join(REPO_ROOT, "examples", "tools_grpo.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the config subclass's annotations through it
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_tool_settings_are_the_scripts_own_section(tmp_path):
+    """`tool_use` is a section of the script's ToolsGRPOConfig, not of the shared GRPOConfig."""
+    config = load_config(["--config", CONFIG, "tool_use.max_turns=2"], _tools_example().ToolsGRPOConfig)
+    assert config.tool_use.max_turns == 2 and config.tool_use.tools
+    with pytest.raises(ConfigError, match="unknown config key 'tool_use'"):
+        load_config(["--config", CONFIG], GRPOConfig)
+    with pytest.raises(ConfigError, match="tool_use.max_turns"):
+        _tools_example().main(["--config", CONFIG, f"fileroot={tmp_path}", "tool_use.max_turns=0"])
 
 
 @pytest.mark.parametrize(
@@ -51,7 +62,6 @@ def _tools_example():
     [
         ("critic.path=m", "critic:"),
         ("ref.path=m", "ref:"),
-        ("rollout.dynamic_sampling=true", "rollout.dynamic_sampling"),
         ("train_dataset.max_prompt_tokens=64", "train_dataset.max_prompt_tokens=64"),
         ("recover.mode=auto", "recover.mode='auto'"),
         ("evaluator.freq_steps=5", "evaluator.freq_steps=5"),

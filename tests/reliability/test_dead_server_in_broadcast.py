@@ -113,7 +113,9 @@ def test_server_lost_mid_broadcast_is_excluded_and_resyncs(tiny_model_dir, tmp_p
         rollout.initialize()
         actor.initialize()
         # gloo also on CUDA: NCCL needs a GPU per rank, and this test runs three on one machine
-        weight_sync = WeightSync(actor, rollout, "distributed", backend="gloo", on_bucket=killer)
+        weight_sync = WeightSync(
+            actor, rollout, "distributed", backend="gloo", on_bucket=killer, timeout=update_timeout
+        )
         # one tensor per bucket: many buckets to die between
         weight_sync.buckets = [[spec] for bucket in weight_sync.buckets for spec in bucket]
         sync = weight_sync.sync

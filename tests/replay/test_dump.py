@@ -33,13 +33,13 @@ def _batch(seed: int) -> dict[str, torch.Tensor]:
 
 def test_a_dumped_batch_reads_back_bit_for_bit_with_its_text(tmp_path, qwen):
     batch = _batch(0)
-    RolloutDump(str(tmp_path), qwen, run_dir="run").write(5, 4, batch, [{"loss": 0.1, "grad_norm": 2.0}])
+    RolloutDump(str(tmp_path), qwen, run_dir="run").write(5, 4, batch, {"loss": 0.1, "grad_norm": 2.0})
     back = read_batch(str(tmp_path), 5)
     assert back.keys() == {k for k, v in batch.items() if isinstance(v, torch.Tensor)}
     for key, value in back.items():
         assert value.dtype == batch[key].dtype and torch.equal(value, batch[key]), key
     meta = read_meta(str(tmp_path), 5)
-    assert meta["version"] == 4 and meta["update_stats"] == [{"loss": 0.1, "grad_norm": 2.0}]
+    assert meta["version"] == 4 and meta["update_stats"] == {"loss": 0.1, "grad_norm": 2.0}
     assert meta["run_dir"] == os.path.abspath("run")
     rows = read_rows(str(tmp_path), 5)
     for row, ids, mask in zip(rows, batch["input_ids"], batch["attention_mask"]):
@@ -50,7 +50,7 @@ def test_a_dumped_batch_reads_back_bit_for_bit_with_its_text(tmp_path, qwen):
 def test_only_the_newest_steps_are_kept_and_an_unfinished_step_is_not_offered(tmp_path, qwen):
     dump = RolloutDump(str(tmp_path), qwen, keep_steps=2)
     for step in range(4):
-        dump.write(step, step, _batch(step), [])
+        dump.write(step, step, _batch(step), {})
     assert dumped_steps(str(tmp_path)) == [2, 3]
     os.remove(tmp_path / "step_3" / "meta.json")
     assert dumped_steps(str(tmp_path)) == [2]

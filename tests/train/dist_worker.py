@@ -36,7 +36,7 @@ from tests.train.helpers import make_batch
 GLOBAL_LENS = [12, 5, 9, 7, 3, 10, 6, 8]
 
 
-def train_one_step(model_dir: str, uneven: bool = False, fused: bool = False) -> tuple[PPOActor, list[dict], dict]:
+def train_one_step(model_dir: str, uneven: bool = False, fused: bool = False) -> tuple[PPOActor, dict, dict]:
     """`uneven`: rank 0 holds one group and the last rank the rest, not re-dealt, with more
     micro-batches than rank 0 has sequences (so rank 0 runs zero-weight filler passes)."""
     rank, n_ranks = world.init_distributed()

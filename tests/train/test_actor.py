@@ -151,7 +151,7 @@ def test_ppo_update_raises_advantaged_logprobs(actor):
     after = actor.compute_logp(batch)
     # the logprobs came from these very weights: only rounding separates the two forwards
     bound = 8 * EPS32 * HIDDEN**0.5 * magnitude(batch["logprobs"])
-    assert len(stats) == 1 and stats[0]["logprob_mismatch"] <= bound and abs(stats[0]["behav_imp_weight"] - 1) <= bound
+    assert stats["logprob_mismatch"] <= bound and abs(stats["behav_imp_weight"] - 1) <= bound
     mask = batch["loss_mask"].bool()
     delta = ((after - before) * mask).sum(-1) / mask.sum(-1)
     assert delta[0] > 0 and delta[3] > 0 and delta[1] < 0 and delta[2] < 0
@@ -193,13 +193,12 @@ def test_advantage_stats_name_the_backend_and_time(actor):
     batch = make_batch([9, 7, 8, 6], seed=19)
     batch["logprobs"] = actor.compute_logp(batch)
     want = estimate_advantages(dict(batch), actor.config, actor.gconfig)["advantages"]
-    actor.compute_advantages(batch)
+    stats = actor.compute_advantages(batch)
     assert batch["advantages"].device == batch["loss_mask"].device
     assert_close(batch["advantages"], want, n=2)
-    stats = actor.ppo_update(batch)
     on_cuda = actor.device.type == "cuda"
-    assert all(s["advantages/backend_triton"] == float(on_cuda) and s["time/advantages"] > 0 for s in stats)
-    assert "time/advantages" not in actor.ppo_update(batch)[0]  # reported once, with the update it fed
+    assert stats["advantages/backend_triton"] == float(on_cuda) and stats["time/advantages"] > 0
+    assert "time/advantages" not in actor.ppo_update(batch)  # the update's stats are its own
 
 
 def test_batch_stats_are_the_same_before_and_after_compute_advantages(actor):
@@ -214,7 +213,7 @@ def test_batch_stats_are_the_same_before_and_after_compute_advantages(actor):
     before = batch_stats(StatsTracker(), batch, version=1)
     workflow_mask = batch["loss_mask"].clone()
     cut = PPOActor(PPOActorConfig(path="x", mask_no_eos_with_zero=True), GenerationHyperparameters(group_size=2))
-    cut.device, cut._advantage_stats = torch.device("cpu"), {}  # estimation only: no model needed
+    cut.device = torch.device("cpu")  # estimation only: no model needed
     cut.compute_advantages(batch)
     assert not batch["loss_mask"][1].any() and torch.equal(batch["response_mask"], workflow_mask)
     assert batch_stats(StatsTracker(), batch, version=1) == before

@@ -50,7 +50,7 @@ def test_gae_advantages_and_critic_update_fit_returns(critic, tiny_model_dir):
     for _ in range(6):
         batch["values"] = critic.compute_values(batch)
         batch.update(estimate_advantages(batch, actor_cfg, GenerationHyperparameters(group_size=1)))
-        losses.append(critic.ppo_update(batch)[0]["value_loss"])
+        losses.append(critic.ppo_update(batch)["value_loss"])
     assert "returns" in batch and losses[-1] < 0.5 * losses[0]
 
 
@@ -86,8 +86,8 @@ def test_reference_is_frozen_and_feeds_the_kl_loss(tiny_model_dir):
     batch["logprobs"] = batch["prox_logp"] = actor.compute_logp(batch)
     batch["ref_logp"] = ref_logp
     actor.compute_advantages(batch)
-    first = actor.ppo_update(batch)[0]
-    second = actor.ppo_update(batch)[0]
+    first = actor.ppo_update(batch)
+    second = actor.ppo_update(batch)
     rounding = tolerance(torch.float32, HIDDEN) * magnitude(ref_logp)  # |logp - ref_logp| before any step
     assert 0.0 <= first["kl"] <= rounding**2 and second["kl"] > 1e-6  # k3 ~ diff^2 / 2; >= 0 once the policy moved
     assert_close(ref.compute_logp(batch), ref_logp, n=1)  # frozen: the same weights, the same kernels

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from arealite.algo.losses import token_mean
 from arealite.config import MicroBatchSpec, OptimizerConfig, TrainEngineConfig
-from arealite.train.engine import FSDPEngine
+from arealite.train.engine import FSDPEngine, merge_step_stats
 from arealite.train.logprobs import packed_token_logprobs
 from arealite.train.lr_schedule import lr_factor
 from arealite.train.varlen_attention import plan
@@ -157,3 +157,27 @@ def test_bf16_mixed_precision_keeps_fp32_masters_and_stays_within_bf16_rounding(
     local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in bf16.model.parameters()]
     assert all(g.dtype == torch.float32 for g in local)  # fp32 master weights and gradient reduction
     assert close(acc.export()["loss"], acc32.export()["loss"], torch.bfloat16, k=1)
+
+
+def test_an_update_of_several_steps_reports_one_dict_of_its_stats():
+    """Means weighted by each step's loss weight, extrema over the steps, loss weights summed."""
+    g = torch.Generator().manual_seed(7)
+    steps = [
+        {"loss": float(torch.randn(1, generator=g)), "grad_norm": float(torch.rand(1, generator=g)),
+         "ratio_max": float(torch.rand(1, generator=g)), "ratio_min": float(torch.rand(1, generator=g)),
+         "loss_weight": float(torch.randint(1, 50, (1,), generator=g))}
+        for _ in range(3)
+    ]  # fmt: skip
+    merged = merge_step_stats(steps)
+    total = sum(s["loss_weight"] for s in steps)
+    for key in ("loss", "grad_norm"):
+        want = 0.0
+        for s in steps:  # naive loop
+            want += s[key] * s["loss_weight"] / total
+        assert close(merged[key], want, n=3, scale=max(abs(s[key]) for s in steps)), key
+    assert merged["ratio_max"] == max(s["ratio_max"] for s in steps)
+    assert merged["ratio_min"] == min(s["ratio_min"] for s in steps)
+    assert merged["loss_weight"] == total
+    assert merge_step_stats(steps[:1]) == steps[0]  # one step: its own stats, bit for bit
+    empty = [dict(s, loss_weight=0.0) for s in steps[:2]]
+    assert close(merge_step_stats(empty)["loss"], (steps[0]["loss"] + steps[1]["loss"]) / 2, n=2)

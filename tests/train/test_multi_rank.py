@@ -27,8 +27,8 @@ ROUNDING_N = 60 * HIDDEN  # an update sums gradients over the batch's ~60 tokens
 def test_one_rank_and_two_ranks_make_the_same_update(tiny_model_dir, tmp_path):
     run_ranks(2, ["update", tiny_model_dir, str(tmp_path / "w2")])
     dist_worker.main(["update", tiny_model_dir, str(tmp_path / "w1")])  # world 1, in this process
-    s1 = json.loads((tmp_path / "w1" / "stats.json").read_text())[0]
-    s2 = json.loads((tmp_path / "w2" / "stats.json").read_text())[0]
+    s1 = json.loads((tmp_path / "w1" / "stats.json").read_text())
+    s2 = json.loads((tmp_path / "w2" / "stats.json").read_text())
     for key in ("loss", "pg_loss", "grad_norm", "entropy", "loss_weight", "importance_ratio_max"):
         assert close(s1[key], s2[key], n=ROUNDING_N, scale=max(1.0, abs(s1[key]))), key
     w1 = load_file(str(tmp_path / "w1" / "hf" / "model.safetensors"))
@@ -51,8 +51,8 @@ def test_uneven_ranks_with_filler_micro_batches_make_the_same_update(tiny_model_
     # forward (fillers included), the single rank from an explicit compute_logp pass.
     run_ranks(2, ["uneven", tiny_model_dir, str(tmp_path / "w2"), "fused"])
     dist_worker.main(["uneven", tiny_model_dir, str(tmp_path / "w1")])
-    s1 = json.loads((tmp_path / "w1" / "stats.json").read_text())[0]
-    s2 = json.loads((tmp_path / "w2" / "stats.json").read_text())[0]
+    s1 = json.loads((tmp_path / "w1" / "stats.json").read_text())
+    s2 = json.loads((tmp_path / "w2" / "stats.json").read_text())
     assert close(s1["loss"], s2["loss"], n=ROUNDING_N) and s1["loss_weight"] == s2["loss_weight"]
     for key in ("pg_loss", "importance_ratio", "behav_imp_weight"):
         assert close(s1[key], s2[key], n=ROUNDING_N, scale=max(1.0, abs(s1[key]))), key

@@ -10,12 +10,11 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from arealite.config import InferenceEngineConfig
+from arealite.config import GRPOConfig, load_config
 from arealite.rollout.errors import WeightUpdateError
 from arealite.weight_sync import WeightSync
 from arealite.weight_sync.group import broadcast, init_custom_process_group
@@ -28,7 +27,7 @@ class FakeActor:
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
         self.compute_dtype, self.device = torch.float32, torch.device("cpu")
-        self.config = SimpleNamespace(lora=lora)
+        self.has_lora = lora is not None
         self.version, self.log = 0, []
 
     def save(self, path: str) -> None:
@@ -52,7 +51,6 @@ class FakeRollout:
     Distributed: a thread joins the trainer's group as rank 1 and receives every bucket."""
 
     def __init__(self, log: list, reported: str | None = None) -> None:
-        self.config = InferenceEngineConfig(weight_update_timeout=30)
         self.log, self.reported = log, reported
         self.group, self.members, self.received = None, [], {}
         self._pg, self._joined = None, None
@@ -152,7 +150,7 @@ def test_a_version_mismatch_raises_before_anyone_moves_on(tmp_path):
 def test_distributed_sync_broadcasts_every_parameter_over_a_real_group(tmp_path):
     actor = FakeActor()
     rollout = FakeRollout(actor.log)
-    with WeightSync(actor, rollout, "distributed", backend="gloo", chunk_mb=1) as weight_sync:
+    with WeightSync(actor, rollout, "distributed", backend="gloo", chunk_mb=1, timeout=30) as weight_sync:
         assert rollout.log == ["init_group"]  # the group forms once, at construction
         with torch.no_grad():
             actor.model[0].weight.mul_(2.0)
@@ -168,6 +166,22 @@ def test_distributed_sync_broadcasts_every_parameter_over_a_real_group(tmp_path)
         group = rollout.group.group_name
         assert weight_sync._groups.get(group) is not None
     assert weight_sync._groups.get(group) is None  # close() dropped rank 0's end
+
+
+@pytest.mark.parametrize("mode", ["disk", "distributed"])
+def test_from_config_reads_the_experiment_settings(tmp_path, mode):
+    overrides = [f"fileroot={tmp_path}", f"weight_update={mode}", "weight_keep_versions=2"]
+    config = load_config([*overrides, "rollout.weight_update_timeout=7"], GRPOConfig)
+    actor = FakeActor()
+    rollout = FakeRollout(actor.log)
+    with WeightSync.from_config(config, actor, rollout) as weight_sync:
+        meta = weight_sync.meta(3)
+        if mode == "disk":
+            assert meta.path == os.path.abspath(os.path.join(config.run_dir, "weights", "v3"))
+            assert meta.keep_versions == 2
+        else:  # the group the servers joined, and each broadcast, wait rollout.weight_update_timeout
+            assert rollout.group.timeout == meta.timeout == 7
+            rollout._joined.join()
 
 
 def test_bad_settings_name_the_fix(tmp_path):
