@@ -1,10 +1,11 @@
 """On-policy distillation against plain GRPO on the same student, at equal wall time, over seeds.
 
-    PYTHONPATH=. python benchmarks/distill.py [--seeds 1 2 3] [--steps 40] [--plot docs/figures/distill.png]
+    python examples/distill_vs_grpo.py [--seeds 1 2 3] [--steps 40] [--plot docs/figures/distill.png]
 
 Each seed S runs the distillation job (configs/tiny_cpu_distill.yaml: the reasoning job's
-trained 2-layer policy as the teacher, a 1-layer student warm-started by the same SFT) and the
-same job with `distill=null` (GRPO on the verifiable reward), one after the other, with
+trained 2-layer policy as the teacher, a 1-layer student warm-started by the same SFT), the same
+with `distill.reward_weight=1` (the reward's advantage added) and with `distill=null` (GRPO on
+the verifiable reward alone), one after the other, with
 `seed=S gconfig.sampling_seed=S+6`. Held-out pass@1 (every `evaluator.freq_steps` steps) is set
 against training wall time: the steps' own time (`time/step`), evaluation off the clock. At
 equal wall time compares the two at the shorter run's training time: each arm's last
@@ -24,7 +25,10 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "configs/tiny_cpu_distill.yaml"
-ARMS = {"distill": [], "grpo": ["distill=null"]}
+# distillation alone; distillation plus the reward's advantage (weight 1); GRPO on the reward alone
+ARMS = {"distill": [], "distillrw": ["distill.reward_weight=1.0"], "grpo": ["distill=null"]}
+NAMES = {"distill": "distillation", "distillrw": "distillation + reward", "grpo": "GRPO"}
+COLORS = {"distill": "tab:blue", "distillrw": "tab:green", "grpo": "tab:orange"}
 
 
 def run_dir(arm: str, seed: int) -> str:
@@ -38,6 +42,17 @@ def curve(path: str) -> list[tuple[float, int, float]]:
     for row in sorted(rows, key=lambda r: r["step"]):
         if "eval/pass@1" in row:
             out.append((clock, int(row["step"]), float(row["eval/pass@1"])))
+        clock += float(row.get("time/step", 0.0))
+    return out
+
+
+def kl_curve(path: str) -> list[tuple[float, float]]:
+    """(training seconds at the step's start, kl_teacher) for each step of a distillation run."""
+    rows = sorted((json.loads(line) for line in open(os.path.join(path, "stats.jsonl"))), key=lambda r: r["step"])
+    out, clock = [], 0.0
+    for row in rows:
+        if "kl_teacher" in row:
+            out.append((clock, float(row["kl_teacher"])))
         clock += float(row.get("time/step", 0.0))
     return out
 
@@ -76,17 +91,21 @@ def main(argv: list[str] | None = None) -> int:
             if not finished(run_dir(arm, seed), a.steps):
                 launch(arm, seed, a.steps)
             curves[arm, seed] = curve(run_dir(arm, seed))
-    gains = []
+    gains: dict[str, list[float]] = {arm: [] for arm in ARMS if arm != "grpo"}
     for seed in a.seeds:
-        d, g = curves["distill", seed], curves["grpo", seed]
-        budget = min(d[-1][0], g[-1][0])
-        pd, pg = at(d, budget), at(g, budget)
-        gains.append(pd - pg)
-        print(
-            f"seed={seed} start={d[0][2]:.3f} wall_s={budget:.0f} distill_pass@1={pd:.3f} grpo_pass@1={pg:.3f} "
-            f"(distill {d[-1][0]:.0f}s for {d[-1][1]} steps, grpo {g[-1][0]:.0f}s for {g[-1][1]} steps)"
-        )
-    print(f"distill_minus_grpo_at_equal_wall_time median={statistics.median(gains):.3f} all={gains}")
+        g = curves["grpo", seed]
+        for arm in gains:
+            d = curves[arm, seed]
+            budget = min(d[-1][0], g[-1][0])
+            pd, pg = at(d, budget), at(g, budget)
+            gains[arm].append(pd - pg)
+            print(
+                f"seed={seed} {arm} start={d[0][2]:.3f} wall_s={budget:.0f} {arm}_pass@1={pd:.3f} grpo_pass@1={pg:.3f} "
+                f"final {arm}={d[-1][2]:.3f} grpo={g[-1][2]:.3f} ({arm} {d[-1][0]:.0f}s, grpo {g[-1][0]:.0f}s "
+                f"for {g[-1][1]} steps each)"
+            )
+    for arm, diffs in gains.items():
+        print(f"{arm}_minus_grpo_at_equal_wall_time median={statistics.median(diffs):.3f} all={diffs}")
     if a.plot:
         plot(curves, a.plot)
     return 0
@@ -98,15 +117,23 @@ def plot(curves: dict[tuple[str, int], list], out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, kl_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    first = min(seed for _, seed in curves)
     for (arm, seed), points in sorted(curves.items()):
-        color = "tab:blue" if arm == "distill" else "tab:orange"
-        label = f"{'distillation' if arm == 'distill' else 'GRPO'}" if seed == min(s for _, s in curves) else None
-        ax.plot([t for t, _, _ in points], [q for _, _, q in points], "o-", color=color, alpha=0.7, label=label)
+        label = NAMES[arm] if seed == first else None
+        ts, ps = [t for t, _, _ in points], [q for _, _, q in points]
+        ax.plot(ts, ps, "o-", color=COLORS[arm], alpha=0.7, label=label)
+        if arm != "grpo":
+            kl = kl_curve(run_dir(arm, seed))
+            kl_ax.plot([t for t, _ in kl], [k for _, k in kl], color=COLORS[arm], alpha=0.7, label=label)
     ax.set_xlabel("training wall time (s), evaluation off the clock")
     ax.set_ylabel("held-out pass@1")
-    ax.set_title("1-layer student: distilling the reasoning job's policy vs GRPO")
+    ax.set_title("1-layer student of the reasoning job's policy")
     ax.legend()
+    kl_ax.set_xlabel("training wall time (s)")
+    kl_ax.set_ylabel("kl_teacher (per-token reverse KL)")
+    kl_ax.set_title("the student's disagreement with the teacher")
+    kl_ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     fig.savefig(out, dpi=100)
