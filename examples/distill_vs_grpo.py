@@ -84,18 +84,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--plot", default="")
+    p.add_argument("--no-run", action="store_true", help="read the finished runs only; launch nothing")
     a = p.parse_args(argv)
     curves: dict[tuple[str, int], list] = {}
     for seed in a.seeds:
         for arm in ARMS:  # the two arms of a seed side by side in time: the machine's load is shared
             if not finished(run_dir(arm, seed), a.steps):
+                if a.no_run:
+                    continue
                 launch(arm, seed, a.steps)
             curves[arm, seed] = curve(run_dir(arm, seed))
     gains: dict[str, list[float]] = {arm: [] for arm in ARMS if arm != "grpo"}
     for seed in a.seeds:
-        g = curves["grpo", seed]
         for arm in gains:
-            d = curves[arm, seed]
+            if (arm, seed) not in curves or ("grpo", seed) not in curves:
+                continue
+            d, g = curves[arm, seed], curves["grpo", seed]
             budget = min(d[-1][0], g[-1][0])
             pd, pg = at(d, budget), at(g, budget)
             gains[arm].append(pd - pg)
@@ -105,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"for {g[-1][1]} steps each)"
             )
     for arm, diffs in gains.items():
-        print(f"{arm}_minus_grpo_at_equal_wall_time median={statistics.median(diffs):.3f} all={diffs}")
+        if diffs:
+            print(f"{arm}_minus_grpo_at_equal_wall_time median={statistics.median(diffs):.3f} all={diffs}")
     if a.plot:
         plot(curves, a.plot)
     return 0
