@@ -33,6 +33,7 @@ _EXPORTS = {
     "RemoteVLLMEngine": "arealite.rollout.remote_vllm",
     "rollout_client": "arealite.rollout.remote_vllm",
     "StepBatches": "arealite.rollout.step_batches",
+    "TeacherClient": "arealite.rollout.teacher",
     "DynamicSampler": "arealite.rollout.dynamic_sampling",
     "LockstepRollout": "arealite.rollout.lockstep",
     "RewardPool": "arealite.reward.pool",
@@ -94,6 +95,7 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run
     from arealite.rollout.remote_sglang import RemoteSGLangEngine
     from arealite.rollout.remote_vllm import RemoteVLLMEngine, rollout_client
     from arealite.rollout.step_batches import StepBatches
+    from arealite.rollout.teacher import TeacherClient
     from arealite.server.process import launch_server_process
     from arealite.stats.batch import batch_stats
     from arealite.stats.logger import StatsLogger

@@ -3,8 +3,9 @@
     python -m arealite.launcher.local examples/gsm8k_grpo.py --config configs/tiny_cpu.yaml
 
 One trainer process. Config picks data, model, reward, algorithm (`critic:` makes it PPO, `ref:`
-adds a KL) and how batches are generated (`rollout.*`); a relaunch resumes from the latest
-checkpoint; the last line printed is `eval_accuracy_before=<x> eval_accuracy_after=<y>`.
+adds a KL, `distill:` distils a teacher model) and how batches are generated (`rollout.*`); a
+relaunch resumes from the latest checkpoint; the last line printed is
+`eval_accuracy_before=<x> eval_accuracy_after=<y>`.
 """
 
 from __future__ import annotations  # noqa: I001 (the arealite names, several a line)
@@ -17,7 +18,7 @@ from transformers import AutoTokenizer
 
 from arealite import (
     EngineGroup, Evaluator, GRPOConfig, PPOActor, PPOCritic, Recover, ReferenceModel, rollout_client,
-    RewardPool, RLVRWorkflow, RunSummary, StatsLogger, StatsTracker, StepBatches, StepTimer, WeightSync,
+    RewardPool, RLVRWorkflow, RunSummary, StatsLogger, StatsTracker, StepBatches, StepTimer, TeacherClient, WeightSync,
     batch_stats, held_out_records, init_distributed, load_config, reward_fn_for, save_config, train_dataloader,
 )  # fmt: skip
 from arealite.replay import RolloutDump
@@ -40,6 +41,7 @@ def main(argv: list[str]) -> None:
         PPOCritic(config.critic, total) if config.critic else nullcontext() as critic,  # PPO
         ReferenceModel(config.ref, config.gconfig) if config.ref else nullcontext() as ref,  # the KL's anchor
         RewardPool(max_workers=2) as reward_pool,  # shared by training and evaluation
+        TeacherClient.from_config(config) if config.distill else nullcontext() as teacher,  # scores every token
         WeightSync.from_config(config, actor, rollout) as weight_sync,  # weight_update, run_dir, ...
     ):
         workflow = RLVRWorkflow(reward_fn, config.gconfig, tokenizer, reward_pool)
@@ -76,6 +78,8 @@ def main(argv: list[str]) -> None:
                     if critic is not None:  # PPO: advantages by GAE on the critic's values
                         batch["values"] = critic.compute_values(batch)
                     stats.update(actor.compute_advantages(batch))  # its time and backend
+                    if teacher is not None:  # the advantage becomes the teacher's per-token verdict (config.distill)
+                        teacher.distill(batch)
                     update = actor.ppo_update(batch)  # loss, grad norm, clip fractions ... of the update
                     stats.update(batch_stats(tracker, batch, version), **update, **batches.stats())
                     if dump is not None:  # the batch as trained, with the weights of `version` before the update

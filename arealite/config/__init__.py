@@ -12,6 +12,7 @@ says what to set instead. Every public name is importable from here.
 from __future__ import annotations
 
 from arealite.config.data import DatasetConfig, DatasetType, EvaluatorConfig
+from arealite.config.distill import DistillConfig
 from arealite.config.experiment import GRPOConfig, WeightUpdateMode
 from arealite.config.fields import setting
 from arealite.config.generation import GREEDY_TEMPERATURE, GenerationHyperparameters
@@ -48,6 +49,7 @@ __all__ = [
     "ConfigError",
     "DatasetConfig",
     "DatasetType",
+    "DistillConfig",
     "EvaluatorConfig",
     "GRPOConfig",
     "GenerationHyperparameters",

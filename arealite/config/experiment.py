@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from arealite.config.data import DatasetConfig, EvaluatorConfig
+from arealite.config.distill import DistillConfig
 from arealite.config.fields import check_choices, check_positive, setting
 from arealite.config.generation import GenerationHyperparameters
 from arealite.config.loading import ConfigError
@@ -69,6 +70,9 @@ class GRPOConfig:
     judge: JudgeConfig | None = setting(None, "an LLM judge as the reward (instead of reward_fn / the dataset's)")
     reward_model: RewardModelConfig | None = setting(
         None, "a scalar reward model as the reward (instead of reward_fn / the dataset's)"
+    )
+    distill: DistillConfig | None = setting(
+        None, "on-policy distillation: a teacher model's per-token logprobs as the advantage (docs/algorithms.md)"
     )
 
     def __post_init__(self) -> None:

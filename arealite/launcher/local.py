@@ -10,7 +10,10 @@ process to `<run_dir>/processes.jsonl`. A dead server is restarted on its addres
 `launcher.max_server_restarts` times; after that, or on Ctrl-C/SIGTERM, everything is
 stopped. The exit code is the trainer's, or non-zero with a message naming what failed.
 With a `judge:` whose `path` is set and `address` empty, one more built-in server serves the
-judge model (never trained, never weight-synced) and `AREAL_JUDGE_SERVER_ADDRS` names it.
+judge model (never trained, never weight-synced) and `AREAL_JUDGE_SERVER_ADDRS` names it; with a
+`distill:` whose `teacher_path` is set and `address` empty, `distill.n_servers` servers of the
+servers' backend serve the teacher (likewise never synced; SGLang ones on the GPUs after the
+trainer's) and `AREAL_TEACHER_SERVER_ADDRS` names them.
 Every built-in server watches the launcher's pid (`AREALITE_PARENT_PID`, set to this process
 whatever the inherited value) and stops once the launcher is gone, SIGKILL included.
 """
@@ -25,7 +28,13 @@ from arealite.config import ConfigError, GRPOConfig
 from arealite.devices import check_gpus_for_ranks, requested_train_device
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, stop_all
-from arealite.launcher.server_cmd import judge_server_command, resolve_backend, server_command, visible_gpus
+from arealite.launcher.server_cmd import (
+    judge_server_command,
+    resolve_backend,
+    server_command,
+    teacher_server_command,
+    visible_gpus,
+)
 from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import SupervisedServer, log, prepare_run_dir, record_process
 from arealite.utils import net
@@ -52,6 +61,22 @@ def allocate_gpus(config: GRPOConfig, backend: str) -> tuple[list[list[str]], li
     per_server = [gpus[i * g : (i + 1) * g] for i in range(launcher.n_servers)]
     n_server_gpus = launcher.n_servers * g
     return per_server, gpus[n_server_gpus : n_server_gpus + launcher.n_trainers]
+
+
+def allocate_teacher_gpus(config: GRPOConfig, backend: str) -> list[list[str]] | None:
+    """GPU ids per SGLang teacher server, after the policy servers' and the trainer's; None on CPU."""
+    distill = config.distill
+    if backend != "sglang" or distill is None or not distill.teacher_path or distill.address:
+        return None
+    launcher, gpus, g = config.launcher, visible_gpus(), config.launcher.gpus_per_server
+    first = launcher.n_servers * g + launcher.n_trainers
+    if len(gpus) < first + distill.n_servers * g:
+        raise ConfigError(
+            f"distill.n_servers={distill.n_servers} SGLang teacher servers x launcher.gpus_per_server={g} need "
+            f"{distill.n_servers * g} GPUs beyond the {first} of the policy servers and trainers, but {len(gpus)} "
+            "are visible; lower distill.n_servers, or serve the teacher elsewhere and set distill.address"
+        )
+    return [gpus[first + i * g : first + (i + 1) * g] for i in range(distill.n_servers)]
 
 
 def check_gpu_placement(config: GRPOConfig, backend: str, gpus: list[str]) -> None:
@@ -116,7 +141,13 @@ class LocalRun:
         self.log_dir = os.path.join(self.run_dir, "logs")
         self.servers: list[SupervisedServer] = []
         self.judges: list[SupervisedServer] = []  # servers of judge.path: no weight sync reaches them
+        self.teachers: list[SupervisedServer] = []  # servers of distill.teacher_path: likewise
+        self.teacher_gpus: list[list[str]] | None = None  # per SGLang teacher server (allocate_teacher_gpus)
         self.trainer: ManagedProcess | None = None
+
+    @property
+    def supervised(self) -> list[SupervisedServer]:
+        return self.servers + self.judges + self.teachers
 
     def _record(self, name: str, pid: int, addr: str) -> None:
         record_process(self.run_dir, name, pid, addr)
@@ -145,9 +176,15 @@ class LocalRun:
         judge = self.config.judge
         if judge is not None and judge.path and not judge.address:
             self.start_judge(net.free_ports(1, HOST, exclude={s.port for s in self.servers})[0])
-        log(f"started {len(self.servers)} {backend} server(s) and {len(self.judges)} judge(s); waiting for /health")
-        while not all(s.healthy for s in self.servers + self.judges):
-            for s in self.servers + self.judges:
+        distill = self.config.distill
+        if distill is not None and distill.teacher_path and not distill.address:
+            self.start_teachers(backend, self.teacher_gpus)
+        log(
+            f"started {len(self.servers)} {backend} server(s), {len(self.judges)} judge(s) and {len(self.teachers)} "
+            "teacher(s); waiting for /health"
+        )
+        while not all(s.healthy for s in self.supervised):
+            for s in self.supervised:
                 s.check()
             time.sleep(0.3)
 
@@ -171,12 +208,37 @@ class LocalRun:
         self.judges.append(judge)
         judge.start()
 
+    def start_teachers(self, backend: str, gpus: list[list[str]] | None) -> None:
+        n = self.config.distill.n_servers if self.config.distill else 0
+        ports = net.free_ports(n, HOST, exclude={s.port for s in self.supervised})
+        for i, port in enumerate(ports):
+            env = {**os.environ, PARENT_PID_ENV: str(os.getpid())}
+            if gpus is not None:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
+            if backend == "builtin":
+                env.setdefault("OMP_NUM_THREADS", str(self.config.launcher.cpus_per_server))
+            teacher = SupervisedServer(
+                name=f"teacher-{i}",
+                cmd=teacher_server_command(self.config, HOST, port, backend),
+                host=HOST,
+                port=port,
+                log_path=os.path.join(self.log_dir, f"teacher-{i}.log"),
+                max_restarts=self.config.launcher.max_server_restarts,
+                start_timeout=self.config.launcher.server_start_timeout,
+                env=env,
+                on_start=self._record,
+            )
+            self.teachers.append(teacher)
+            teacher.start()
+
     def start_trainer(self, gpus: list[str] | None) -> None:
-        master_port = net.free_ports(1, HOST, exclude={s.port for s in self.servers + self.judges})[0]
+        master_port = net.free_ports(1, HOST, exclude={s.port for s in self.supervised})[0]
         addrs = [s.addr for s in self.servers]
         env = trainer_env(addrs, master_port, gpus, self.config.launcher.cpus_per_trainer)
         if self.judges:
             env[net.JUDGE_ADDRS_ENV] = ",".join(s.addr for s in self.judges)
+        if self.teachers:
+            env[net.TEACHER_ADDRS_ENV] = ",".join(s.addr for s in self.teachers)
         self.trainer = ManagedProcess(
             "trainer", trainer_command(self.args, master_port), os.path.join(self.log_dir, "trainer.log"), env
         )
@@ -192,7 +254,7 @@ class LocalRun:
             if code is not None:
                 log(f"trainer {describe_exit(code)}")
                 return exit_status(code)
-            for s in self.servers + self.judges:
+            for s in self.supervised:
                 s.check()
             time.sleep(POLL_INTERVAL)
 
@@ -201,6 +263,7 @@ class LocalRun:
         check_gpu_placement(self.config, backend, visible_gpus())  # before anything starts
         prepare_run_dir(self.run_dir, self.config)
         gpus = allocate_gpus(self.config, backend)
+        self.teacher_gpus = allocate_teacher_gpus(self.config, backend)
         try:
             run_setup_commands(self.config.launcher.setup_commands, self.log_dir)
             self.start_servers(backend, gpus[0] if gpus else None)
@@ -212,7 +275,7 @@ class LocalRun:
     def stop(self) -> None:
         """Stop the trainer and every server; never interrupted by a second signal."""
         with signals_ignored():
-            procs = ([self.trainer] if self.trainer else []) + [s.process for s in self.servers + self.judges]
+            procs = ([self.trainer] if self.trainer else []) + [s.process for s in self.supervised]
             stop_all(procs)
 
 

@@ -176,3 +176,24 @@ def judge_server_command(config: GRPOConfig, host: str, port: int, python: str |
     cmd = [python or sys.executable, "-m", "arealite.server", "--model-path", config.judge.path]
     cmd += ["--host", host, "--port", str(port), "--random-seed", str(server.random_seed)]
     return cmd + ["--max-running-requests", str(max(server.max_running_requests, config.judge.max_batch_size))]
+
+
+def teacher_server_command(
+    config: GRPOConfig, host: str, port: int, backend: str, python: str | None = None
+) -> list[str]:
+    """The argv of a server of `distill.teacher_path` (on-policy distillation): the policy
+    servers' backend and shared settings, never a LoRA adapter or a weight update."""
+    if config.distill is None or not config.distill.teacher_path:
+        raise ConfigError(
+            "no teacher model to serve: set distill.teacher_path=DIR, or distill.address=host:port of a running one"
+        )
+    server, python = config.server, python or sys.executable
+    if backend == "sglang":
+        cmd = [python, "-m", "sglang.launch_server", "--tp-size", str(config.launcher.gpus_per_server)]
+    else:
+        cmd = [python, "-m", "arealite.server"]
+    cmd += ["--model-path", config.distill.teacher_path, "--host", host, "--port", str(port)]
+    if server.dtype != "auto":
+        cmd += ["--dtype", server.dtype]
+    cmd += ["--random-seed", str(server.random_seed), "--max-running-requests", str(server.max_running_requests)]
+    return cmd + list(server.extra_args)

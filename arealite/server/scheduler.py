@@ -233,7 +233,10 @@ class Scheduler:
             self._admitting.append(req)
             reserved += self._reserved(req)
             longest = longest_if
-        for req in [r for r in batch if r.max_new_tokens == 0]:
+        scored = [r for r in batch if r.max_new_tokens == 0]
+        if any(r.logprob_start_len >= 0 for r in scored):  # prompt logprobs only: a teacher's scoring call
+            self._score([r for r in scored if r.logprob_start_len >= 0])
+        for req in scored:
             req.started = True
             req.finish({"type": "length", "length": 0})
         batch = [r for r in batch if r.max_new_tokens > 0]
@@ -256,6 +259,20 @@ class Scheduler:
             r.started = True
         finished = self._sample_and_advance(batch, logits)
         self._drop_rows({first + i for i in finished})
+
+    def _score(self, reqs: list[Req]) -> None:
+        """Prompt logprobs of requests that generate nothing (`max_new_tokens` 0, as SGLang
+        answers them): a prefill whose rows leave the batch at once, nothing sampled."""
+        lengths = [len(r.tokens) for r in reqs]
+        for group in plan_groups(lengths, self.limits.prefill_group_overhead):
+            part = [reqs[i] for i in group]
+            first = len(self.running)
+            logits = self.runner.prefill(
+                self.kv, [r.tokens for r in part], all_logits=True, adapters=[r.lora for r in part]
+            )
+            self._input_logprobs(part, logits)
+            order = self.kv.drop(set(range(first, first + len(part))))  # survivors are the running rows
+            self.running = [self.running[i] for i in order]
 
     def _input_logprobs(self, batch: list[Req], logits: torch.Tensor) -> None:
         """Prompt logprobs from position `logprob_start_len` on; the first entry is None (SGLang)."""

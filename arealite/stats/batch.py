@@ -19,7 +19,9 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
     `versions`, `mixed_version_frac`: the fraction of responses whose tokens come from two or
     more weight versions (a weight sync landed mid-answer and generation went on); with the
     reference model's `ref_logp`, `kl_ref`: the sampled tokens' mean `logprobs - ref_logp`
-    (an estimate of KL(behaviour policy || reference)). It reads the responses as the workflow
+    (an estimate of KL(behaviour policy || reference)); with the distillation teacher's
+    `teacher_logp`, `kl_teacher`: the same against the teacher, the per-token reverse KL that
+    distillation lowers (arealite/algo/distill.py). It reads the responses as the workflow
     made them (`response_mask`, which `compute_advantages` keeps when it drops truncated
     responses from `loss_mask`), so it may run before or after `compute_advantages`.
     """
@@ -42,6 +44,8 @@ def batch_stats(tracker: StatsTracker, batch: dict[str, torch.Tensor], version: 
         tracker.scalar("mixed_version_frac", float(_mixed_versions(batch).float().mean()), float(loss_mask.shape[0]))
     if "ref_logp" in batch:
         tracker.masked_mean("kl_ref", batch["logprobs"].float() - batch["ref_logp"].float(), loss_mask)
+    if "teacher_logp" in batch:  # on-policy distillation: what its advantage lowers
+        tracker.masked_mean("kl_teacher", batch["logprobs"].float() - batch["teacher_logp"].float(), loss_mask)
     return tracker.export()
 
 

@@ -20,6 +20,8 @@ from collections.abc import Callable
 SERVER_ADDRS_ENV = "AREAL_LLM_SERVER_ADDRS"
 # The same for the judge servers (arealite.reward.judge), which no weight sync reaches.
 JUDGE_ADDRS_ENV = "AREAL_JUDGE_SERVER_ADDRS"
+# The same for the distillation teacher's servers (arealite.rollout.teacher), never weight-synced either.
+TEACHER_ADDRS_ENV = "AREAL_TEACHER_SERVER_ADDRS"
 
 
 def host_address() -> str:

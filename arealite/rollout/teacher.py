@@ -1,0 +1,299 @@
+"""`TeacherClient`: a teacher model's logprobs of the student's sampled tokens (on-policy distillation).
+
+The teacher is any SGLang-protocol server (built-in, SGLang, or a backend with the same
+`/generate`): it is asked for prompt logprobs with nothing generated (`max_new_tokens: 0`,
+`return_logprob`, `logprob_start_len` one token before the first loss token, list-valued per
+sequence), up to `distill.max_batch_size` sequences per request, the requests spread over the
+teacher servers by least outstanding work. Failures are handled as rollouts' are, with the
+rollout client's parts (transport, server pool, health monitor) and its settings
+(`rollout.request_retries`, `rollout.setup_timeout`, `rollout.health_check_*`): a failed
+request is retried with backoff, a server that also fails a health probe leaves the rotation
+and its requests move on, and it rejoins once healthy (it never needs weights). At start the
+teacher's tokenizer is compared with the student's (`check_same_tokenizer`).
+The advantage it feeds: arealite/algo/distill.py; the config: arealite/config/distill.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from typing import Any
+
+import torch
+
+from arealite.algo.distill import distill_advantages
+from arealite.config import DistillConfig, GenerationHyperparameters, GRPOConfig, InferenceEngineConfig
+from arealite.rollout import protocol
+from arealite.rollout.errors import GenerationError, ServerUnavailable, TransientServerError
+from arealite.rollout.gate import VersionGate
+from arealite.rollout.health import HealthMonitor
+from arealite.rollout.loop import EventLoopThread
+from arealite.rollout.servers import ServerPool
+from arealite.rollout.transport import Transport
+from arealite.utils.net import TEACHER_ADDRS_ENV
+
+Batch = dict[str, Any]
+_MAX_BACKOFF = 5.0  # seconds, the cap of the backoff between retries (as generation.py's)
+
+
+def teacher_addresses(config: DistillConfig) -> list[str]:
+    """`distill.address`, else the launcher's `AREAL_TEACHER_SERVER_ADDRS`; ValueError naming the fix."""
+    raw = config.address or os.environ.get(TEACHER_ADDRS_ENV, "")
+    addrs = [a.strip().removeprefix("http://") for a in raw.split(",") if a.strip()]
+    if not addrs:
+        raise ValueError(
+            f"no teacher server: set distill.address=host:port, or launch with `python -m arealite.launcher.local`, "
+            f"which serves distill.teacher_path={config.teacher_path!r} and exports {TEACHER_ADDRS_ENV}"
+        )
+    return addrs
+
+
+class TeacherClient:
+    """Scores trajectory batches with the teacher servers (module docstring). A context manager."""
+
+    def __init__(
+        self,
+        config: DistillConfig,
+        failure: InferenceEngineConfig,
+        gconfig: GenerationHyperparameters,
+        student_tokenizer: str,
+        addresses: list[str] | None = None,
+    ) -> None:
+        self.config, self.failure, self.gconfig = config, failure, gconfig
+        self.student_tokenizer = student_tokenizer
+        self.pool = ServerPool(addresses or teacher_addresses(config))
+        self.transport = Transport()
+        self.pool.on_take_out.append(self.transport.abandon)
+        self.health = HealthMonitor(self.transport, self.pool, VersionGate(), failure, rejoin=self._rejoin)
+        self._loop = EventLoopThread("arealite-teacher")
+        self._chunks = itertools.count()
+        self.stats = {"teacher_requests": 0, "teacher_retries": 0}
+
+    @classmethod
+    def from_config(cls, config: GRPOConfig) -> TeacherClient:
+        """The client of an experiment's `distill:` section (its teacher servers from the launcher)."""
+        if config.distill is None:
+            raise ValueError("the config has no distill: section; add one (distill.teacher_path=DIR) to distil")
+        student = config.tokenizer_path or config.actor.path
+        return cls(config.distill, config.rollout, config.gconfig, student)
+
+    async def _rejoin(self, address: str) -> bool:
+        await self.health.bring_back(address)  # a teacher's weights never change: nothing to catch up
+        return True
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> TeacherClient:
+        self.initialize()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def initialize(self) -> None:
+        """Wait for every teacher server's /health, then refuse a teacher with another tokenizer."""
+        self._loop.start()
+        try:
+            self._loop.run(self._ainitialize())
+        except BaseException:
+            self.destroy()
+            raise
+
+    async def _ainitialize(self) -> None:
+        await self.transport.open()
+        deadline = time.monotonic() + self.failure.setup_timeout
+        waiting = list(self.pool.addresses)
+        while waiting:
+            ok = await asyncio.gather(*(self.health.probe(a) for a in waiting))
+            waiting = [a for a, good in zip(waiting, ok) if not good]
+            if waiting and time.monotonic() > deadline:
+                raise ServerUnavailable(
+                    f"teacher servers {waiting} did not answer /health within rollout.setup_timeout="
+                    f"{self.failure.setup_timeout}s; check their logs or raise rollout.setup_timeout"
+                )
+            if waiting:
+                await asyncio.sleep(0.5)
+        await self._check_tokenizer(self.pool.addresses[0])
+        self.health.start()
+
+    def destroy(self) -> None:
+        if not self._loop.running:
+            return
+        try:
+            self._loop.run(self._adestroy(), timeout=30)
+        finally:
+            self._loop.stop()
+
+    async def _adestroy(self) -> None:
+        self.health.stop()
+        await self.transport.close()
+
+    # ---- scoring ---------------------------------------------------------------------------
+    def compute_logp(self, batch: Batch) -> torch.Tensor:
+        """The teacher's logprobs [B, T] (fp32) of each loss token given what precedes it, at
+        `gconfig.temperature`; 0 off the loss mask. Aligned as `batch["logprobs"]`. Scores the
+        workflow's `response_mask` where `compute_advantages` cut truncated answers from the mask,
+        so the statistics see every answer."""
+        ids, mask = batch["input_ids"].cpu(), batch.get("response_mask", batch["loss_mask"]).cpu().bool()
+        lengths = batch["attention_mask"].cpu().sum(-1).tolist()
+        out = torch.zeros(ids.shape, dtype=torch.float32)
+        rows = []  # (row, tokens, logprob_start_len): start one token before the first loss token
+        for b, n in enumerate(lengths):
+            scored = mask[b, :n].nonzero()
+            if len(scored):
+                rows.append((b, ids[b, :n].tolist(), max(int(scored[0]) - 1, 0)))
+        size = self.config.max_batch_size
+        chunks = [rows[i : i + size] for i in range(0, len(rows), size)]
+        for chunk, replies in zip(chunks, self._loop.run(self._ascore_all(chunks))):
+            for (b, tokens, start), values in zip(chunk, replies):
+                out[b, start + 1 : len(tokens)] = torch.tensor(values[1:], dtype=torch.float32)
+        return torch.where(mask, out, torch.zeros_like(out)).to(batch["loss_mask"].device)
+
+    def distill(self, batch: Batch) -> Batch:
+        """After `actor.compute_advantages(batch)`: `batch["teacher_logp"]` (scored here unless
+        set) and the advantages replaced by the distillation mix (`distill_advantages`)."""
+        if "teacher_logp" not in batch:
+            batch["teacher_logp"] = self.compute_logp(batch)
+        c = self.config
+        batch["advantages"] = distill_advantages(
+            batch["advantages"],
+            batch["logprobs"],
+            batch["teacher_logp"],
+            batch["loss_mask"],
+            c.kl_coef,
+            c.reward_weight,
+        )
+        return batch
+
+    async def _ascore_all(self, chunks: list[list[tuple[int, list[int], int]]]) -> list[list[list[float]]]:
+        return await asyncio.gather(*(self._ascore(chunk) for chunk in chunks))
+
+    async def _ascore(self, chunk: list[tuple[int, list[int], int]]) -> list[list[float]]:
+        """One request's logprob lists (entry k: token start + k), retried and failed over as a rollout's."""
+        body = {
+            "input_ids": [tokens for _, tokens, _ in chunk],
+            "sampling_params": {"max_new_tokens": 0, "temperature": self.gconfig.temperature},
+            "return_logprob": True,
+            "logprob_start_len": [start for _, _, start in chunk],
+        }
+        group, work = f"teacher-{next(self._chunks)}", sum(len(t) for _, t, _ in chunk)
+        failures = 0
+        self.stats["teacher_requests"] += 1
+        while True:
+            address = await self._pick(group, work)
+            try:
+                status, reply = await self.transport.request(
+                    "POST", address, "/generate", body, self.config.request_timeout, group, "distill.request_timeout"
+                )
+            except TransientServerError as e:
+                failures = await self._after_failure(address, e, failures)
+                continue
+            finally:
+                self.pool.release(address, work)
+            self.pool.forget(group)
+            return [
+                _input_logprobs(r, len(t) - s, address) for r, (_, t, s) in zip(_as_list(reply, status, address), chunk)
+            ]
+
+    async def _pick(self, group: str, work: int) -> str:
+        deadline = time.monotonic() + self.failure.setup_timeout
+        while (address := self.pool.pick(group, work)) is None:
+            if time.monotonic() > deadline:
+                raise ServerUnavailable(
+                    f"no teacher server in rotation for rollout.setup_timeout={self.failure.setup_timeout}s "
+                    f"(all of {self.pool.addresses} are down)"
+                )
+            await asyncio.sleep(min(0.5, self.failure.health_check_interval))
+        return address
+
+    async def _after_failure(self, address: str, error: TransientServerError, failures: int) -> int:
+        """A dead server leaves the rotation (no retry used); a live one is retried with backoff."""
+        if self.pool.is_healthy(address) and not await self.health.probe(address):
+            self.pool.take_out(address, f"a teacher request failed ({error}) and so did a health probe")
+            return failures
+        if not self.pool.is_healthy(address):
+            return failures
+        failures += 1
+        if failures > self.failure.request_retries:
+            raise ServerUnavailable(
+                f"teacher request gave up after {failures} failed attempts "
+                f"(rollout.request_retries={self.failure.request_retries}): {error}",
+                address,
+            ) from error
+        self.stats["teacher_retries"] += 1
+        await asyncio.sleep(min(_MAX_BACKOFF, 0.2 * 2 ** (failures - 1)))
+        return failures
+
+    async def _check_tokenizer(self, address: str) -> None:
+        """Refuse a teacher whose tokenizer differs from the student's, naming both (ValueError)."""
+        timeout, setting = self.failure.health_check_timeout, "rollout.health_check_timeout"
+        status, info = await self.transport.request("GET", address, "/get_model_info", None, timeout, setting=setting)
+        info = info if status == 200 and isinstance(info, dict) else {}
+        teacher_path = info.get("tokenizer_path") or info.get("model_path") or ""
+        student = _load_tokenizer(self.student_tokenizer)
+        if teacher_path and os.path.isdir(teacher_path):  # the teacher's files are here: compare vocabularies
+            detail = vocab_difference(student, _load_tokenizer(teacher_path))
+        else:  # a teacher elsewhere: compare how it tokenizes a probe text with how the student does
+            body = {"text": PROBE_TEXT, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}
+            body["logprob_start_len"] = 0
+            status, reply = await self.transport.request(
+                "POST", address, "/generate", body, self.config.request_timeout
+            )
+            got = [e[1] for e in _as_list(reply, status, address)[0]["meta_info"]["input_token_logprobs"]]
+            want = student.encode(PROBE_TEXT)
+            detail = (
+                None
+                if got == want
+                else f"the probe text {PROBE_TEXT!r} encodes to {got[:12]}... there, {want[:12]}... here"
+            )
+        if detail:
+            raise ValueError(
+                f"the teacher (tokenizer {teacher_path or '?'} served at {address}) and the student (tokenizer "
+                f"{self.student_tokenizer}) do not share a tokenizer: {detail}. Distillation compares the two models' "
+                "logprobs token by token; pick a teacher with the student's tokenizer (distill.teacher_path / "
+                "distill.address) or a student with the teacher's (actor.path, tokenizer_path)"
+            )
+
+
+PROBE_TEXT = "Distil 12 + 345 = 357, then <|im_end|> Ünïcode and\n  spaces."
+
+
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer  # here: the launchers import arealite.rollout without transformers
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def vocab_difference(student: Any, teacher: Any) -> str | None:
+    """None if the two tokenizers map the same strings to the same ids, else what differs."""
+    a, b = student.get_vocab(), teacher.get_vocab()
+    if a == b:
+        return None
+    moved = sorted(t for t in a.keys() & b.keys() if a[t] != b[t])
+    only = sorted(a.keys() ^ b.keys())
+    example = f"e.g. {moved[0]!r} is id {a[moved[0]]} here and {b[moved[0]]} there" if moved else f"e.g. {only[0]!r}"
+    counts = f"vocabularies of {len(a)} and {len(b)} tokens, {len(moved)} at other ids and {len(only)} in one only"
+    return f"{counts} ({example})"
+
+
+def _as_list(reply: Any, status: int, address: str) -> list[Any]:
+    if status != 200:
+        raise GenerationError(f"teacher /generate returned {status}: {protocol.error_message(reply)}", address)
+    return reply if isinstance(reply, list) else [reply]
+
+
+def _input_logprobs(result: Any, expected: int, address: str) -> list[float]:
+    """The `input_token_logprobs` values of one result; entry 0 (null in SGLang) is kept as 0."""
+    try:
+        entries = result["meta_info"]["input_token_logprobs"]
+        values = [0.0 if k == 0 else float(e[0]) for k, e in enumerate(entries)]
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        raise GenerationError(f"malformed teacher reply, no prompt logprobs: {type(e).__name__}: {e}", address) from e
+    if len(values) != expected:
+        raise GenerationError(
+            f"teacher returned {len(values)} prompt logprobs where {expected} were asked (from logprob_start_len on); "
+            "does the server support logprob_start_len with max_new_tokens 0?",
+            address,
+        )
+    return values

@@ -1,0 +1,149 @@
+"""On-policy distillation against plain GRPO on the same student, at equal wall time, over seeds.
+
+    python examples/distill_vs_grpo.py [--seeds 1 2 3] [--steps 40] [--plot docs/figures/distill.png]
+
+Each seed S runs the distillation job (configs/tiny_cpu_distill.yaml: the reasoning job's
+trained 2-layer policy as the teacher, a 1-layer student warm-started by the same SFT), the same
+with `distill.reward_weight=1` (the reward's advantage added) and with `distill=null` (GRPO on
+the verifiable reward alone), one after the other, with
+`seed=S gconfig.sampling_seed=S+6`. Held-out pass@1 (every `evaluator.freq_steps` steps) is set
+against training wall time: the steps' own time (`time/step`), evaluation off the clock. At
+equal wall time compares the two at the shorter run's training time: each arm's last
+evaluation at or before it. A run whose stats already hold its last evaluation is read, not
+re-run (delete runs/tiny_cpu_distill/<arm>_s<S> to repeat it). Prints one line per seed and the
+medians; `--plot` draws the curves (one line per run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = "configs/tiny_cpu_distill.yaml"
+# distillation alone; distillation plus the reward's advantage (weight 1); GRPO on the reward alone
+ARMS = {"distill": [], "distillrw": ["distill.reward_weight=1.0"], "grpo": ["distill=null"]}
+NAMES = {"distill": "distillation", "distillrw": "distillation + reward", "grpo": "GRPO"}
+COLORS = {"distill": "tab:blue", "distillrw": "tab:green", "grpo": "tab:orange"}
+
+
+def run_dir(arm: str, seed: int) -> str:
+    return os.path.join(REPO, "runs", "tiny_cpu_distill", f"{arm}_s{seed}")
+
+
+def curve(path: str) -> list[tuple[float, int, float]]:
+    """(training seconds before the evaluation, step, pass@1) for each evaluation of a run."""
+    rows = [json.loads(line) for line in open(os.path.join(path, "stats.jsonl"))]
+    out, clock = [], 0.0
+    for row in sorted(rows, key=lambda r: r["step"]):
+        if "eval/pass@1" in row:
+            out.append((clock, int(row["step"]), float(row["eval/pass@1"])))
+        clock += float(row.get("time/step", 0.0))
+    return out
+
+
+def kl_curve(path: str) -> list[tuple[float, float]]:
+    """(training seconds at the step's start, kl_teacher) for each step of a distillation run."""
+    rows = sorted((json.loads(line) for line in open(os.path.join(path, "stats.jsonl"))), key=lambda r: r["step"])
+    out, clock = [], 0.0
+    for row in rows:
+        if "kl_teacher" in row:
+            out.append((clock, float(row["kl_teacher"])))
+        clock += float(row.get("time/step", 0.0))
+    return out
+
+
+def finished(path: str, steps: int) -> bool:
+    try:
+        return any(step == steps for _, step, _ in curve(path))
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def launch(arm: str, seed: int, steps: int) -> None:
+    cmd = [
+        sys.executable, "-m", "arealite.launcher.local", "examples/gsm8k_grpo.py", "--config", CONFIG,
+        f"trial_name={arm}_s{seed}", f"seed={seed}", f"gconfig.sampling_seed={seed + 6}",
+        f"total_train_steps={steps}", "stats_logger.progress_bar=false", *ARMS[arm],
+    ]  # fmt: skip
+    print("$", " ".join(cmd[1:]), flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+
+
+def at(points: list[tuple[float, int, float]], seconds: float) -> float:
+    """pass@1 of the last evaluation at or before `seconds` of training."""
+    return [p for t, _, p in points if t <= seconds + 1e-9][-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--plot", default="")
+    p.add_argument("--no-run", action="store_true", help="read the finished runs only; launch nothing")
+    a = p.parse_args(argv)
+    curves: dict[tuple[str, int], list] = {}
+    for seed in a.seeds:
+        for arm in ARMS:  # the two arms of a seed side by side in time: the machine's load is shared
+            if not finished(run_dir(arm, seed), a.steps):
+                if a.no_run:
+                    continue
+                launch(arm, seed, a.steps)
+            curves[arm, seed] = curve(run_dir(arm, seed))
+    gains: dict[str, list[float]] = {arm: [] for arm in ARMS if arm != "grpo"}
+    for seed in a.seeds:
+        for arm in gains:
+            if (arm, seed) not in curves or ("grpo", seed) not in curves:
+                continue
+            d, g = curves[arm, seed], curves["grpo", seed]
+            budget = min(d[-1][0], g[-1][0])
+            pd, pg = at(d, budget), at(g, budget)
+            gains[arm].append(pd - pg)
+            print(
+                f"seed={seed} {arm} start={d[0][2]:.3f} wall_s={budget:.0f} {arm}_pass@1={pd:.3f} grpo_pass@1={pg:.3f} "
+                f"final {arm}={d[-1][2]:.3f} grpo={g[-1][2]:.3f} ({arm} {d[-1][0]:.0f}s, grpo {g[-1][0]:.0f}s "
+                f"for {g[-1][1]} steps each)"
+            )
+    for arm, diffs in gains.items():
+        if diffs:
+            print(f"{arm}_minus_grpo_at_equal_wall_time median={statistics.median(diffs):.3f} all={diffs}")
+    if a.plot:
+        plot(curves, a.plot)
+    return 0
+
+
+def plot(curves: dict[tuple[str, int], list], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, kl_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    first = min(seed for _, seed in curves)
+    for (arm, seed), points in sorted(curves.items()):
+        label = NAMES[arm] if seed == first else None
+        ts, ps = [t for t, _, _ in points], [q for _, _, q in points]
+        ax.plot(ts, ps, "o-", color=COLORS[arm], alpha=0.7, label=label)
+        if arm != "grpo":
+            kl = kl_curve(run_dir(arm, seed))
+            kl_ax.plot([t for t, _ in kl], [k for _, k in kl], color=COLORS[arm], alpha=0.7, label=label)
+    ax.set_xlabel("training wall time (s), evaluation off the clock")
+    ax.set_ylabel("held-out pass@1")
+    ax.set_title("1-layer student of the reasoning job's policy")
+    ax.legend()
+    kl_ax.set_xlabel("training wall time (s)")
+    kl_ax.set_ylabel("kl_teacher (per-token reverse KL)")
+    kl_ax.set_title("the student's disagreement with the teacher")
+    kl_ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=100)
+    print(f"plot: {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
