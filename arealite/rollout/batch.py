@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 
 # Pad value of each per-token key that does not pad with 0.
 PAD_VALUES = {"versions": -1}
@@ -56,33 +55,26 @@ def trajectory_from_tokens(
     logprob 0 and version -1, as a prompt token does."""
     if not prompt_ids:
         raise ValueError("trajectory_from_tokens needs at least one sample")
-    rows = []
+    width = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
+    rows: dict[str, list[list]] = {
+        key: [] for key in ("input_ids", "attention_mask", "loss_mask", "logprobs", "versions")
+    }
     for b, (prompt, output) in enumerate(zip(prompt_ids, output_ids)):
-        n = len(output)
-        logprobs = torch.as_tensor(output_logprobs[b], dtype=torch.float32)
-        versions = torch.as_tensor(output_versions[b], dtype=torch.long)
+        n, logprobs, versions = len(output), list(output_logprobs[b]), list(output_versions[b])
         if len(logprobs) != n or len(versions) != n:
             raise ValueError(
                 f"sample {b}: {n} output tokens but {len(logprobs)} logprobs "
                 f"and {len(versions)} versions; they must align one to one"
             )
-        mask = torch.ones(n, dtype=torch.int32)
-        if output_loss_mask is not None:
-            mask = torch.as_tensor([int(x) for x in output_loss_mask[b]], dtype=torch.int32)
-            if len(mask) != n:
-                raise ValueError(f"sample {b}: {n} output tokens but a loss mask of {len(mask)}")
-        trained = mask.bool()
-        prompt_len = len(prompt)
-        rows.append(
-            {
-                "input_ids": torch.as_tensor([*prompt, *output], dtype=torch.long),
-                "attention_mask": torch.ones(prompt_len + n, dtype=torch.bool),
-                "loss_mask": torch.cat([torch.zeros(prompt_len, dtype=torch.int32), mask]),
-                # logprobs aligned to the token itself; versions -1 on the prompt (and, padded, the pad)
-                "logprobs": torch.cat([torch.zeros(prompt_len), logprobs.where(trained, 0.0)]),
-                "versions": torch.cat([torch.full((prompt_len,), -1), versions.where(trained, -1)]),
-            }
-        )
-    return {
-        key: pad_sequence([row[key] for row in rows], batch_first=True, padding_value=pad_value(key)) for key in rows[0]
-    }
+        mask = [1] * n if output_loss_mask is None else [int(x) for x in output_loss_mask[b]]
+        if len(mask) != n:
+            raise ValueError(f"sample {b}: {n} output tokens but a loss mask of {len(mask)}")
+        p, pad = len(prompt), width - len(prompt) - n
+        # logprobs aligned to the token itself; prompt, pad and untrained tokens: logprob 0, version -1
+        rows["input_ids"].append([*prompt, *output] + [0] * pad)
+        rows["attention_mask"].append([1] * (p + n) + [0] * pad)
+        rows["loss_mask"].append([0] * p + mask + [0] * pad)
+        rows["logprobs"].append([0.0] * p + [lp if m else 0.0 for lp, m in zip(logprobs, mask)] + [0.0] * pad)
+        rows["versions"].append([-1] * p + [v if m else -1 for v, m in zip(versions, mask)] + [-1] * pad)
+    dtypes = {"attention_mask": torch.bool, "loss_mask": torch.int32, "logprobs": torch.float32}
+    return {key: torch.tensor(value, dtype=dtypes.get(key, torch.long)) for key, value in rows.items()}

@@ -8,7 +8,8 @@ receive the transport and never the session, so tests of HTTP shapes can hand th
 (tests/rollout/fakes.py); the LLM judge sends through a transport of its own.
 
 An address is `host:port` (plain HTTP) or a URL base such as `https://host:port`; proxies
-named by the usual environment variables (`HTTP_PROXY`, `NO_PROXY`, ...) are honoured.
+named by the usual environment variables (`HTTP_PROXY`, `NO_PROXY`, ...) are honoured, read
+once per address (aiohttp's `trust_env` reads them on every request, in a worker thread).
 `abandon(address)` cancels the requests in flight to a server at once (the rollout client's
 `ServerPool` calls it when the server leaves the rotation): they raise TransientServerError.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import urllib.parse
+import urllib.request
 from typing import Any
 
 from arealite.rollout.errors import TransientServerError
@@ -42,12 +45,13 @@ class Transport:
         self._session: Any = None  # aiohttp.ClientSession once open
         self._flight: dict[str, set[asyncio.Task]] = {}  # by address: the tasks waiting on a reply
         self._abandoned: dict[asyncio.Task, str] = {}  # cancelled by abandon(), with the reason
+        self._proxies: dict[str, str | None] = {}  # by address: its proxy from the environment, if any
 
     async def open(self) -> None:
         import aiohttp
 
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)  # limit=0: no cap in flight
-        self._session = aiohttp.ClientSession(connector=connector, trust_env=True)
+        self._session = aiohttp.ClientSession(connector=connector)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -88,12 +92,14 @@ class Transport:
             raise RuntimeError("the rollout client is not initialized; call initialize() or use it in a with block")
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         headers = None if data is None else {"Content-Type": "application/json"}
+        url = base_url(address) + path
+        proxy = self._proxies[address] if address in self._proxies else self._proxy_for(address, url)
         task = asyncio.current_task()
         flight = self._flight.setdefault(address, set())
         flight.add(task)
         try:
             async with self._session.request(
-                method, base_url(address) + path, data=data, headers=headers, timeout=aiohttp.ClientTimeout(timeout)
+                method, url, data=data, headers=headers, proxy=proxy, timeout=aiohttp.ClientTimeout(timeout)
             ) as response:
                 status, raw = response.status, await response.read()
         except asyncio.CancelledError:
@@ -119,6 +125,13 @@ class Transport:
         if status >= 500:
             raise TransientServerError(f"{method} {path} returned {status}: {error_message(parsed)}", address, rid)
         return status, parsed
+
+    def _proxy_for(self, address: str, url: str) -> str | None:
+        parts = urllib.parse.urlsplit(url)
+        bypass = urllib.request.proxy_bypass(parts.hostname or "")
+        proxy = None if bypass else urllib.request.getproxies().get(parts.scheme)
+        self._proxies[address] = proxy
+        return proxy
 
 
 def _uncancel(task: asyncio.Task) -> int:
