@@ -34,10 +34,12 @@ from arealite.config.train import (
     PPOActorConfig,
     PPOCriticConfig,
     RolloutCorrectionLevel,
+    RolloutRejectionLevel,
     SFTConfig,
     TrainDtype,
     TrainEngineConfig,
     TruncatedBaseline,
+    TrustRegionKind,
 )
 from arealite.config.workflow import AgentProgramConfig, ToolUseConfig
 
@@ -74,6 +76,8 @@ __all__ = [
     "RewardModelConfig",
     "RewardModelDtype",
     "RolloutCorrectionLevel",
+    "RolloutRejectionLevel",
+    "TrustRegionKind",
     "SFTConfig",
     "Schedule",
     "ServerBackend",
