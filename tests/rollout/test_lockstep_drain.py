@@ -24,6 +24,7 @@ from arealite.rollout.lockstep import LockstepRollout
 from arealite.server.process import launch_server_process
 from arealite.types import WeightUpdateMeta
 from arealite.workflow import RLVRWorkflow
+from tests.e2e.varied_reward import even_token_fraction
 from tests.rollout.conftest import SERVER_ARGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
@@ -34,10 +35,6 @@ GROUP = 2
 def _decode_steps(address: str) -> int:
     with urllib.request.urlopen(f"http://{address}/get_server_info", timeout=10) as r:
         return int(json.load(r)["internal_states"][0]["decode_steps"])
-
-
-def _reward(prompt, completion, prompt_ids, completion_ids, **_):
-    return float(len(completion_ids) % 2)
 
 
 @pytest.fixture
@@ -57,7 +54,7 @@ def test_sync_waits_for_the_batch_in_flight(server, tiny_model_dir, tmp_path):
          for b in range(3)]
     )  # fmt: skip
     gconfig = GenerationHyperparameters(group_size=GROUP, max_new_tokens=BUDGET, min_new_tokens=BUDGET)
-    workflow = RLVRWorkflow(_reward, gconfig, tokenizer)
+    workflow = RLVRWorkflow(even_token_fraction, gconfig, tokenizer)
     addresses = [server.address]
     engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), addresses)
     engine.initialize()
