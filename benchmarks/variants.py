@@ -2,6 +2,7 @@
 arithmetic task of the main job; which ones learn, with their spread over seeds.
 
     python benchmarks/variants.py [--seeds 1 2 3] [--quick] [--variants grpo ppo ...] [--jobs 2]
+    python benchmarks/variants.py --matrix configs/corrections.yaml   # the peers' rollout corrections
 
 Each run is the main job as a user starts it (`python -m arealite.launcher.local
 examples/gsm8k_grpo.py --config BASE OVERRIDES...`: a built-in server and one trainer),
@@ -9,7 +10,8 @@ with the matrix's common overrides, the variant's and the seed's. Prints one lin
 
     variant=<name> pass1_mean=<m> pass1_min=<lo> pass1_max=<hi> seconds_mean=<s>
 
-(the final held-out pass@1 over seeds, and the mean wall time of one run), then
+(the final held-out pass@1 over seeds, and the mean wall time of one run; for a run whose step
+stats report masked or truncated fractions, their means over steps and seeds, per side), then
 `variants_learning=<k>/<n>`: a variant learns when its mean final pass@1 is >= 0.8 and its
 worst seed >= 0.7. Writes `results.json` and `variants.png` (the held-out pass@1 curves, the
 mean over seeds with a min-max band) to --out. A synchronous run keeps about one core busy
@@ -35,6 +37,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 MATRIX = REPO / "configs" / "variants.yaml"
 LEARNS_MEAN, LEARNS_WORST = 0.8, 0.7
+FRACTIONS = {  # what a correction or trust region cut, per side (algo/rollout_correction.py, algo/trust_region.py)
+    f"{name}{side}"
+    for name in ("rollout_is_clipped_frac", "rollout_rs_masked_frac", "trust_region_masked_frac")
+    for side in ("_high", "_low")
+} | {"behav_imp_weight_capped_frac", "clip_frac"}
 
 
 @dataclass
@@ -45,6 +52,7 @@ class Run:
     curve: list[tuple[int, float]] = field(default_factory=list)  # (version, held-out pass@1)
     seconds: float = float("nan")
     error: str = ""
+    fractions: dict[str, float] = field(default_factory=dict)  # mean over steps of each *_frac* stat
 
     @property
     def final(self) -> float:
@@ -89,6 +97,8 @@ def run_one(run: Run, out: Path, timeout: float) -> Run:
     if stats.exists():
         rows = [json.loads(line) for line in stats.read_text().splitlines() if line.strip()]
         run.curve = [(int(r["eval/version"]), float(r["eval/pass@1"])) for r in rows if "eval/pass@1" in r]
+        keys = sorted({k for r in rows for k in r if k.split("/")[-1] in FRACTIONS})
+        run.fractions = {k: statistics.fmean(float(r[k]) for r in rows if k in r) for k in keys}
     return run
 
 
@@ -108,6 +118,9 @@ def summary(name: str, runs: list[Run]) -> tuple[str, bool]:
         f"variant={name} pass1_mean={mean:.4f} pass1_min={lo:.4f} pass1_max={hi:.4f} "
         f"seconds_mean={statistics.fmean(secs):.1f}"
     )
+    keys = sorted({k for r in runs for k in r.fractions})
+    for k in keys:
+        line += f" {k.split('/')[-1]}={statistics.fmean(r.fractions[k] for r in runs if k in r.fractions):.5f}"
     return line, learns
 
 

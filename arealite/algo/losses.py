@@ -17,6 +17,7 @@ import torch
 
 from arealite.algo.rollout_correction import RolloutCorrection, correction_weights
 from arealite.algo.segments import segment_ids, segment_sum
+from arealite.algo.trust_region import TrustRegion, trust_region_keep
 
 Tensor = torch.Tensor
 Stats = dict[str, Tensor]
@@ -167,11 +168,19 @@ def sapo_objective(
     return -advantages * torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau), None
 
 
+def dppo_objective(ratio: Tensor, logp: Tensor, advantages: Tensor) -> tuple[Tensor, None]:
+    """DPPO's surrogate (arXiv 2602.04879): -r * A, unclipped; its trust region is the divergence
+    mask of `arealite.algo.trust_region`, which `ppo_actor_loss` applies (`trust_region`).
+    The gradient -r A grad logp equals verl's and prime-rl's -sg(r) A logp form."""
+    return -advantages * ratio, None
+
+
 Objective = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor | None]]
 OBJECTIVES: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
     "ppo": ppo_clip_objective,
     "cispo": cispo_objective,
     "sapo": sapo_objective,
+    "dppo": dppo_objective,
 }
 
 
@@ -190,6 +199,7 @@ def ppo_actor_loss(
     log_ratio: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] = token_log_ratio,
     objective: Objective | None = None,
     correction: RolloutCorrection | None = None,
+    trust_region: TrustRegion | None = None,
 ) -> tuple[Tensor, Stats]:
     """Policy-gradient loss; all tensors [N]. Returns (scalar loss, stats).
 
@@ -199,7 +209,8 @@ def ppo_actor_loss(
     (`arealite.algo.rollout_correction`); without one, by the decoupled PPO loss: each token
     weighted by `exp(prox_logp - behav_logp)`, tokens whose weight exceeds
     `behav_imp_weight_cap` dropped (they still count in the aggregation's denominator, so
-    dropping never rescales the other tokens).
+    dropping never rescales the other tokens). `trust_region` drops the tokens whose
+    probability left the divergence trust region around `prox_logp` (`algo.trust_region`).
     """
     mask = loss_mask.bool()
     ratio = torch.exp(log_ratio(logp, prox_logp, mask, cu_seqlens))
@@ -220,6 +231,10 @@ def ppo_actor_loss(
         pg = torch.where(keep, pg * factor, torch.zeros_like(pg))
         stats.update(correction_stats)
         stats.update(_masked_stats("behav_imp_weight", torch.exp(prox_logp - behav_logp), mask))
+    if trust_region is not None:
+        inside, region_stats = trust_region_keep(logp, prox_logp, advantages, mask, trust_region)
+        pg = torch.where(inside, pg, torch.zeros_like(pg))
+        stats.update(region_stats)
     loss = aggregate(pg, mask, cu_seqlens)
     stats["pg_loss"] = loss.detach()
     if clipped is not None:

@@ -35,10 +35,12 @@ from arealite.config.train import (
     PPOActorConfig,
     PPOCriticConfig,
     RolloutCorrectionLevel,
+    RolloutRejectionLevel,
     SFTConfig,
     TrainDtype,
     TrainEngineConfig,
     TruncatedBaseline,
+    TrustRegionKind,
 )
 from arealite.config.workflow import AgentProgramConfig, ToolUseConfig
 
@@ -76,6 +78,8 @@ __all__ = [
     "RewardModelConfig",
     "RewardModelDtype",
     "RolloutCorrectionLevel",
+    "RolloutRejectionLevel",
+    "TrustRegionKind",
     "SFTConfig",
     "Schedule",
     "ServerBackend",

@@ -18,8 +18,10 @@ KlEstimator = Literal["k1", "k2", "k3"]  # algo.losses.KL_ESTIMATORS
 GroupStd = Literal["sample", "population"]
 TruncatedBaseline = Literal["zero", "score"]
 OverlongStage = Literal["after_shaping", "before_shaping"]
-PolicyLoss = Literal["ppo", "cispo", "sapo"]  # algo.losses.OBJECTIVES
+PolicyLoss = Literal["ppo", "cispo", "sapo", "dppo"]  # algo.losses.OBJECTIVES
 RolloutCorrectionLevel = Literal["none", "token", "sequence"]
+RolloutRejectionLevel = Literal["none", "token", "sequence", "geometric"]
+TrustRegionKind = Literal["none", "tv", "kl"]  # algo.trust_region.KINDS
 
 
 @dataclass
@@ -170,7 +172,8 @@ class PPOActorConfig(TrainEngineConfig):
         "ppo",
         "per-token objective: ppo (clipped ratio) | cispo (MiniMax-M1: stop-gradient ratio truncated to "
         "[1-eps_clip, 1+eps_clip_higher] times A*logp; eps_clip=1 leaves it unbounded below, as the paper) | "
-        "sapo (Qwen's soft gate (4/tau)*sigmoid(tau*(ratio-1)) times A)",
+        "sapo (Qwen's soft gate (4/tau)*sigmoid(tau*(ratio-1)) times A) | dppo (the unclipped -ratio*A; needs "
+        "trust_region, which bounds it instead of the clip)",
     )
     sapo_tau_pos: float = setting(1.0, "policy_loss=sapo: gate temperature of tokens with a positive advantage")
     sapo_tau_neg: float = setting(1.05, "policy_loss=sapo: gate temperature of tokens with a negative advantage")
@@ -182,14 +185,29 @@ class PPOActorConfig(TrainEngineConfig):
         "untruncated w",
     )
     rollout_is_cap: float = setting(2.0, "the truncation C of rollout_is")
-    rollout_rs: RolloutCorrectionLevel = setting(
+    rollout_is_cap_low: float | None = setting(
+        None, "rollout_is: weights below it are raised to it (two-sided truncation); None: upper side only"
+    )
+    rollout_rs: RolloutRejectionLevel = setting(
         "none",
         "rollout correction, masked importance sampling (MIS / rejection): none | token (tokens with w > "
-        "rollout_rs_cap leave the loss) | sequence (sequences whose prod of w exceeds rollout_rs_cap leave "
-        "it); dropped tokens stay in the aggregation's denominator; upper side only (verl's rollout_rs also "
-        "rejects below a lower threshold); docs/algorithms.md maps verl's and TRL's modes onto these",
+        "rollout_rs_cap or < rollout_rs_cap_low leave the loss) | sequence (sequences whose prod of w is out "
+        "of those bounds leave it) | geometric (the same with the geometric mean of the sequence's w); "
+        "dropped tokens stay in the aggregation's denominator; docs/algorithms.md maps verl's, TRL's, "
+        "SkyRL's and OpenRLHF's modes onto these",
     )
-    rollout_rs_cap: float = setting(2.0, "the threshold of rollout_rs")
+    rollout_rs_cap: float = setting(2.0, "the upper threshold of rollout_rs")
+    rollout_rs_cap_low: float | None = setting(
+        None, "the lower threshold of rollout_rs (IcePop, verl's rollout_rs_threshold_lower); None: upper side only"
+    )
+    trust_region: TrustRegionKind = setting(
+        "none",
+        "DPPO's divergence trust region around prox_logp: none | tv (tokens whose probability rose by more "
+        "than trust_region_high with A > 0, or fell by more than trust_region_low with A <= 0, leave the loss) "
+        "| kl (the same with the binary KL of the sampled token's probability)",
+    )
+    trust_region_low: float = setting(0.2, "trust_region's threshold for tokens with A <= 0")
+    trust_region_high: float = setting(0.2, "trust_region's threshold for tokens with A > 0")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -213,9 +231,18 @@ class PPOActorConfig(TrainEngineConfig):
                 "0 < tau_pos <= tau_neg (SAPO damps negative-advantage tokens faster; the paper uses 1.0 and 1.05)"
             )
         for name in ("rollout_is", "rollout_rs"):
-            cap = getattr(self, f"{name}_cap")
+            cap, low = getattr(self, f"{name}_cap"), getattr(self, f"{name}_cap_low")
             if getattr(self, name) != "none" and not cap > 1.0:
                 raise ConfigError(f"actor.{name}_cap={cap} must be > 1 (a weight of 1 is on-policy)")
+            if low is not None and not 0 < low < 1.0:
+                raise ConfigError(f"actor.{name}_cap_low={low} must be in (0, 1) (a weight of 1 is on-policy), or null")
+        if self.policy_loss == "dppo" and self.trust_region == "none":
+            raise ConfigError(
+                "actor.policy_loss=dppo is the unclipped ratio surrogate: it needs actor.trust_region=tv or kl to "
+                "bound the update"
+            )
+        for name in ("trust_region_low", "trust_region_high"):
+            check_positive("actor", name, getattr(self, name))
         if (self.rollout_is != "none" or self.rollout_rs != "none") and not self.recompute_logprob:
             raise ConfigError(
                 "actor.rollout_is / actor.rollout_rs weigh the behaviour logprobs against prox_logp, which needs "

@@ -37,6 +37,7 @@ from arealite.algo.losses import (
 )
 from arealite.algo.rollout_correction import RolloutCorrection
 from arealite.algo.truncation import Truncation
+from arealite.algo.trust_region import TrustRegion
 from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
@@ -167,7 +168,7 @@ def actor_loss(
         eps_clip=config.eps_clip, eps_clip_higher=config.eps_clip_higher, c_clip=config.c_clip,
         behav_logp=behav if correction is not None else None,
         aggregate=agg, log_ratio=LOG_RATIOS[config.importance_sampling_level],
-        objective=policy_objective(config), correction=correction,
+        objective=policy_objective(config), correction=correction, trust_region=trust_region(config),
     )  # fmt: skip
     if config.kl_ctl > 0 and not config.kl_in_reward:
         if "ref_logp" not in mb:
@@ -189,6 +190,8 @@ def policy_objective(config: PPOActorConfig) -> Objective:
     """The per-token objective `actor.policy_loss` names, with its parameters bound."""
     if config.policy_loss == "sapo":
         return partial(OBJECTIVES["sapo"], tau_pos=config.sapo_tau_pos, tau_neg=config.sapo_tau_neg)
+    if config.policy_loss == "dppo":
+        return OBJECTIVES["dppo"]
     return partial(OBJECTIVES[config.policy_loss], eps_clip=config.eps_clip, eps_clip_higher=config.eps_clip_higher)
 
 
@@ -202,7 +205,15 @@ def rollout_correction(config: PPOActorConfig) -> RolloutCorrection | None:
         rs_level=config.rollout_rs, rs_cap=config.rollout_rs_cap,
         decoupled=config.use_decoupled_loss,
         behav_cap=config.behav_imp_weight_cap if config.use_decoupled_loss else None,
+        is_cap_low=config.rollout_is_cap_low, rs_cap_low=config.rollout_rs_cap_low,
     )  # fmt: skip
+
+
+def trust_region(config: PPOActorConfig) -> TrustRegion | None:
+    """DPPO's divergence trust region `actor.trust_region` asks for; None: none."""
+    if config.trust_region == "none":
+        return None
+    return TrustRegion(config.trust_region, low=config.trust_region_low, high=config.trust_region_high)
 
 
 def _mismatch_stats(behav: torch.Tensor, prox: torch.Tensor, mask: torch.Tensor, cu: torch.Tensor) -> dict:

@@ -116,7 +116,7 @@ def test_one_gradient_step_moves_logprobs_with_the_advantage(name, level):
     cu = torch.tensor([0, 8, 16, 24], dtype=torch.int32)
     adv = torch.tensor([1.0] * 8 + [-1.0] * 8 + [0.5] * 8, dtype=torch.float64)
     mask = torch.ones(n, dtype=torch.bool)
-    cfg = PPOActorConfig(path="x", policy_loss=name)
+    cfg = PPOActorConfig(path="x", policy_loss=name, trust_region="tv" if name == "dppo" else "none")
     logp0 = torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
     loss, _ = ppo_actor_loss(logp0, logp0.detach(), adv, mask, cu, eps_clip=0.2, log_ratio=LOG_RATIOS[level],
                              objective=policy_objective(cfg))  # fmt: skip

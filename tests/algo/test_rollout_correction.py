@@ -107,3 +107,18 @@ def test_config_builds_the_correction_and_validates_it():
         PPOActorConfig(path="x", rollout_is="token", rollout_is_cap=0.5)
     with pytest.raises(ConfigError, match="actor.rollout_rs='geo'"):
         PPOActorConfig(path="x", rollout_rs="geo")
+
+
+def test_lower_bounds_and_trust_region_are_validated_where_set():
+    cfg = PPOActorConfig(path="x", rollout_rs="geometric", rollout_rs_cap=1.01, rollout_rs_cap_low=0.99)
+    assert rollout_correction(cfg) == RolloutCorrection(rs_level="geometric", rs_cap=1.01, rs_cap_low=0.99)
+    with pytest.raises(ConfigError, match="rollout_rs_cap_low=1.5 must be in"):
+        PPOActorConfig(path="x", rollout_rs="token", rollout_rs_cap_low=1.5)
+    with pytest.raises(ConfigError, match="rollout_is_cap_low=0 must be in"):
+        PPOActorConfig(path="x", rollout_is="token", rollout_is_cap_low=0)
+    with pytest.raises(ConfigError, match="needs actor.trust_region=tv or kl"):
+        PPOActorConfig(path="x", policy_loss="dppo")
+    with pytest.raises(ConfigError, match="actor.trust_region='js'"):
+        PPOActorConfig(path="x", trust_region="js")
+    with pytest.raises(ValueError, match="rs_cap_low=3.0 must be in"):
+        RolloutCorrection(rs_level="token", rs_cap=2.0, rs_cap_low=3.0)

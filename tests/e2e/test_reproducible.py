@@ -24,7 +24,7 @@ def _without_timings(rows: list[dict]) -> list[dict]:
 @pytest.mark.parametrize(
     "schedule",
     [
-        pytest.param([], id="sync", marks=pytest.mark.heavy),  # the server's deterministic mode: tests/server
+        pytest.param([], id="sync"),
         pytest.param(["rollout.schedule=lockstep", "rollout.max_head_offpolicyness=1"], id="lockstep"),
     ],
 )
