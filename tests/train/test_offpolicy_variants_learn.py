@@ -82,7 +82,7 @@ def _run(model_dir: str, settings: dict) -> tuple[list[float], list[dict]]:
         # the sampler takes the weights of this update's start only after the update: one version behind
         before = {n: t.clone() for n, t in actor.export_weights()}
         actor.compute_advantages(batch)
-        stats.extend(actor.ppo_update(batch))
+        stats.append(actor.ppo_update(batch))  # one dict per update, its minibatches merged
         assert not sampler.load_state_dict(before, strict=False).unexpected_keys
         rewards.append(float(reward.mean()))
     return rewards, stats
