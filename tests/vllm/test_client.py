@@ -89,7 +89,9 @@ def test_answer_interrupted_by_a_disk_sync_resumes_on_the_new_weights(vllm_serve
     generated twice and each token carries the version of the weights that made it (vLLM's
     spans when kept); its logprob is the trainer's under those weights, except after the sync
     with in_place, whose continuation attends over keys and values the old weights computed."""
-    budget, temperature = 64, 1.0
+    # A long answer, so that on a quiet machine too the sync lands while it is being generated
+    # (the tiny model writes 64 tokens faster than a pause reaches the server).
+    budget, temperature = 448, 1.0
     req = _request(max_new_tokens=budget, min_new_tokens=budget, temperature=temperature)  # runs to its budget
     try:
         with _engine(vllm_server, pause_mode=pause_mode) as engine:
