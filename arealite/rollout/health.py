@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from arealite.config import InferenceEngineConfig
-from arealite.rollout.errors import RolloutError, TransientServerError
+from arealite.rollout.errors import RolloutError, ServerUnavailable, TransientServerError
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.servers import ServerPool
 from arealite.rollout.transport import Transport
@@ -79,6 +80,21 @@ class HealthMonitor:
     async def probe(self, address: str) -> bool:
         """True if `address` answers GET /health with 200 within health_check_timeout."""
         return await self._get_ok(address, "/health")
+
+    async def wait_until_up(self, what: str = "servers", setting: str = "setup_timeout") -> None:
+        """Probe every server of the pool until all answer; ServerUnavailable after setup_timeout."""
+        deadline = time.monotonic() + self._config.setup_timeout
+        waiting = list(self._pool.addresses)
+        while waiting:
+            results = await asyncio.gather(*(self.probe(a) for a in waiting))
+            waiting = [a for a, ok in zip(waiting, results) if not ok]
+            if waiting and time.monotonic() > deadline:
+                raise ServerUnavailable(
+                    f"{what} {waiting} did not answer /health within {setting}="
+                    f"{self._config.setup_timeout}s; check their logs or raise rollout.setup_timeout"
+                )
+            if waiting:
+                await asyncio.sleep(0.5)
 
     async def alive(self, address: str) -> bool:
         """True if `address` answers GET /get_model_info (vLLM: /health) within health_check_timeout:

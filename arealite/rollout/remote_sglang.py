@@ -15,13 +15,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
-import time
 from typing import Any
 
 from arealite.config import InferenceEngineConfig
 from arealite.interfaces import AcceptFn, Batch, RolloutWorkflow
 from arealite.rollout import protocol
-from arealite.rollout.errors import RolloutError, ServerUnavailable, TransientServerError
+from arealite.rollout.errors import RolloutError, TransientServerError
 from arealite.rollout.executor import WorkflowExecutor
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.generation import SampleGenerator
@@ -112,18 +111,7 @@ class RemoteInferenceEngine:
     async def _ainitialize(self) -> None:
         await self.transport.open()
         self.gate.open()
-        deadline = time.monotonic() + self.config.setup_timeout
-        waiting = list(self.pool.addresses)
-        while waiting:
-            results = await asyncio.gather(*(self.health.probe(a) for a in waiting))
-            waiting = [a for a, ok in zip(waiting, results) if not ok]
-            if waiting and time.monotonic() > deadline:
-                raise ServerUnavailable(
-                    f"servers {waiting} did not answer /health within setup_timeout="
-                    f"{self.config.setup_timeout}s; check their logs or raise rollout.setup_timeout"
-                )
-            if waiting:
-                await asyncio.sleep(0.5)
+        await self.health.wait_until_up()
         for address in self.pool.addresses:
             try:
                 await self.protocol.check_server(self._get, address)

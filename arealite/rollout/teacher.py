@@ -102,18 +102,7 @@ class TeacherClient:
 
     async def _ainitialize(self) -> None:
         await self.transport.open()
-        deadline = time.monotonic() + self.failure.setup_timeout
-        waiting = list(self.pool.addresses)
-        while waiting:
-            ok = await asyncio.gather(*(self.health.probe(a) for a in waiting))
-            waiting = [a for a, good in zip(waiting, ok) if not good]
-            if waiting and time.monotonic() > deadline:
-                raise ServerUnavailable(
-                    f"teacher servers {waiting} did not answer /health within rollout.setup_timeout="
-                    f"{self.failure.setup_timeout}s; check their logs or raise rollout.setup_timeout"
-                )
-            if waiting:
-                await asyncio.sleep(0.5)
+        await self.health.wait_until_up("teacher servers", "rollout.setup_timeout")
         await self._check_tokenizer(self.pool.addresses[0])
         self.health.start()
 
