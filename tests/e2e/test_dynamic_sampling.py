@@ -30,7 +30,9 @@ def _run(tmp_path: Path, model: str, reward: str, offpolicyness: int) -> list[di
     ])  # fmt: skip
 
 
-@pytest.mark.parametrize("offpolicyness", [0, 1])
+# 0 (synchronous): heavy, for the suite's time; the filter is the same code at either staleness,
+# and the constant-reward test below runs synchronously
+@pytest.mark.parametrize("offpolicyness", [pytest.param(0, marks=pytest.mark.heavy), 1])
 def test_dynamic_sampling_trains_only_groups_whose_rewards_differ(tmp_path, tiny_model_dir, offpolicyness):
     rows = _run(tmp_path, tiny_model_dir, "constant_for_even_answers", offpolicyness)
     answers = {r["id"]: int(r["answer"]) for r in make_arithmetic_dataset(SAMPLES, seed=1, max_operand=9, ops="+")}

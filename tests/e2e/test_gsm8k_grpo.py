@@ -30,7 +30,9 @@ def _weights(folder: str) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("weight_update", ["disk", "distributed"])
+# distributed: heavy, for the suite's time; the default command runs it on three simulated hosts
+# (tests/multinode/test_ray.py) and between two ranks and two servers (tests/train/test_multi_rank.py)
+@pytest.mark.parametrize("weight_update", ["disk", pytest.param("distributed", marks=pytest.mark.heavy)])
 def test_two_steps_two_trainers_two_servers(tmp_path, tiny_model_dir, weight_update):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.update(train_device_env(2))  # 2 ranks on the CPU where fewer than 2 GPUs are visible

@@ -60,7 +60,8 @@ def launch_example(cluster: RayCluster, tmp_path: Path, model: str, overrides: l
     return cluster.hosts[0].run(cmd, timeout=timeout, env=env, cwd=REPO)
 
 
-@pytest.mark.parametrize("weight_update", ["distributed", "disk"])
+# disk: heavy, for the suite's time; tests/e2e/test_gsm8k_grpo.py runs it with two ranks and two servers
+@pytest.mark.parametrize("weight_update", ["distributed", pytest.param("disk", marks=pytest.mark.heavy)])
 def test_example_learns_with_server_and_ranks_on_three_hosts(ray_cluster, tmp_path, tiny_model_dir, weight_update):
     overrides = [*LEARN, f"weight_update={weight_update}", "recover.mode=disabled"]
     proc = launch_example(ray_cluster, tmp_path, tiny_model_dir, overrides)
@@ -88,7 +89,7 @@ def _rows(run_dir: Path) -> list[dict]:
 
 def test_lost_trainer_host_fails_naming_it_and_relaunch_resumes(ray_cluster, tmp_path, tiny_model_dir):
     """Runs last in this module: it powers a host off, then brings it back as a new Ray node."""
-    dist_timeout, steps = 120, 8  # the launcher notices a lost node sooner (Ray heartbeats, a poll timeout)
+    dist_timeout, steps = 120, 5  # the launcher notices a lost node sooner (Ray heartbeats, a poll timeout)
     overrides = [*LEARN, f"total_train_steps={steps}", "recover.mode=auto", "recover.freq_steps=1"]
     overrides.append(f"dist_timeout={dist_timeout}")
     cmd = example_command(ray_cluster, tmp_path, tiny_model_dir, overrides)

@@ -1,4 +1,4 @@
-"""One real vLLM server for every test under tests/vllm (session fixture `vllm_server`).
+"""One real vLLM server for every test under tests/vllm (package fixture `vllm_server`).
 
 vLLM lives in its own environment (it pins torch and transformers): its interpreter is
 $AREALITE_VLLM_PYTHON, else the README's `~/.venvs/arealite-vllm` (what `.ci/run` installs).
@@ -30,7 +30,7 @@ from arealite.utils import net
 
 INSTALL_HINT = f"install it as the README says (section vLLM), or point {VLLM_PYTHON_ENV} at its python"
 START_TIMEOUT_S = 600.0  # a cold start on a busy 2-core machine; a warm one takes far less
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 1024  # the tiny model's positions: long answers, so a weight sync lands mid-answer
 
 
 @dataclass
@@ -107,9 +107,11 @@ def _wait_healthy(proc: ManagedProcess, server: VLLMServer) -> None:
     pytest.fail(f"the vLLM server did not answer /health within {START_TIMEOUT_S}s:\n{server.log_tail()}")
 
 
-@pytest.fixture(scope="session")
+# package scope: the server stops after the last test here (tests/vllm is a package for that), so
+# it does not idle beside the rest of the suite; xdist runs this directory's tests in one go.
+@pytest.fixture(scope="package")
 def vllm_server(tmp_path_factory):
-    """Starts ONE vLLM server for the session; yields a `VLLMServer`."""
+    """Starts ONE vLLM server for the tests under tests/vllm; yields a `VLLMServer`."""
     python = vllm_python()
     if not _vllm_importable(python):
         pytest.skip(f"vLLM is not installed for {python}; {INSTALL_HINT}")
