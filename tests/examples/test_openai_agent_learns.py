@@ -3,7 +3,7 @@ through the local launcher, every sample a run of examples/openai_agent.py in a 
 random tiny model scored by the even-token fraction of the program's final reply
 (tests/e2e/varied_reward.py: reward variance in every group from the first step).
 
-Checked: the mean batch reward of the last 3 of 12 steps exceeds that of the first 3 by 0.1
+Checked: the mean batch reward of the last 3 of 12 steps exceeds that of the first 3 by 0.15
 (8 programs a step; a policy gradient of the wrong sign pushes it down instead), every sample
 was a program run, no program timed out, one weight version per step, and the example exits 0
 with its accuracy line. The logprobs the program received being the trained ones is checked
@@ -19,7 +19,7 @@ from tests.examples.agent_example_run import run_agent_example
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 STEPS = 12
 WINDOW = 3  # steps averaged at each end
-MARGIN = 0.1  # required rise of the mean batch reward
+MARGIN = 0.15  # required rise of the mean batch reward (docs/agents.md gives the measured rise)
 
 
 def test_openai_agent_program_raises_its_reward(tmp_path, tiny_model_dir):
@@ -27,7 +27,7 @@ def test_openai_agent_program_raises_its_reward(tmp_path, tiny_model_dir):
         f"fileroot={tmp_path}", f"actor.path={tiny_model_dir}", "launcher.setup_commands=[]",
         f"total_train_steps={STEPS}", "reward_fn=tests.e2e.varied_reward:even_token_fraction",
         "train_dataset.num_samples=256", "train_dataset.batch_size=2", "gconfig.group_size=4",
-        "gconfig.max_new_tokens=8", "gconfig.sampling_seed=5", "actor.optimizer.lr=0.02",
+        "gconfig.max_new_tokens=8", "gconfig.sampling_seed=5", "actor.optimizer.lr=0.04",
         "actor.optimizer.lr_scheduler_type=constant", "actor.optimizer.warmup_steps_proportion=0",
         "evaluator.num_samples=4", "stats_logger.plot=false",
     ]  # fmt: skip
