@@ -77,7 +77,11 @@ def test_every_script_has_a_documented_figure() -> None:
 # processes across simulated hosts; lora_memory.py, deterministic_server.py and
 # lockstep_schedule.py each take about a minute under xdist, and what they run is tested on its own
 # (tests/train/test_lora*.py, tests/server/test_deterministic.py, tests/e2e/test_reproducible.py).
+# async_speedup.py and vs_trl.py run several launcher-sized arms each (sync and async layouts; TRL
+# beside arealite): the suite's time; the loop they time is the one tests/e2e runs.
 HEAVY = {
+    "async_speedup.py",
+    "vs_trl.py",
     "variants.py",
     "time_to_accuracy.py",
     "scale.py",

@@ -44,11 +44,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 # Kept out of the default command (heavy) to pay for the off-policy loss guards
 # (tests/train/test_offpolicy_variants_learn.py): gspo's run here is on-policy with one
 # minibatch, so its ratio is exactly 1 and its own math never acts (the off-policy guard runs
-# it); dr_grpo and reinforce_pp_baseline change only the advantage estimate, whose every
+# it); dr_grpo, reinforce_pp_baseline and rloo change only the advantage estimate, whose every
 # group_norm x whiten combination is checked through the config against a naive loop in
 # tests/train/test_actor.py.
 # The matrix's objectives and corrections (cispo ... icepop) are guarded off-policy there too.
-HEAVY = {"gspo", "dr_grpo", "reinforce_pp_baseline", "cispo", "sapo", "dppo_tv", "tis_token", "geo_mask", "icepop"}
+HEAVY = {
+    "gspo",
+    "dr_grpo",
+    "reinforce_pp_baseline",
+    "rloo",
+    "cispo",
+    "sapo",
+    "dppo_tv",
+    "tis_token",
+    "geo_mask",
+    "icepop",
+}
 
 
 def server_args(overrides: list[str]) -> tuple[str, ...]:
