@@ -103,6 +103,10 @@ def iomp_library() -> str:
     return path if os.path.isfile(path) else ""
 
 
+class ServerDidNotStart(RuntimeError):
+    pass
+
+
 def start_server(name: str, config, backend: str, env_extra: dict[str, str], log_dir: str):
     """The launcher's server command for `backend` with `env_extra`; returns (process, address, argv)."""
     from arealite.launcher.process import ManagedProcess
@@ -126,15 +130,18 @@ def start_server(name: str, config, backend: str, env_extra: dict[str, str], log
         proc.stop(grace=10.0)
         with open(proc.log_path, errors="replace") as f:
             tail = f.read()[-3000:]
-        raise SystemExit(f"server {name} did not come up; its log {proc.log_path} ends:\n{tail}")
+        raise ServerDidNotStart(f"server {name} did not come up; its log {proc.log_path} ends:\n{tail}")
     print(f"  {name}: up in {time.monotonic() - started:.0f} s at {address}", flush=True)
     return proc, address, cmd
 
 
 def preemptions(address: str) -> str:
     """vLLM's preemption counter from /metrics (0: the KV cache held every request)."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as r:
-        lines = r.read().decode().splitlines()
+    try:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=30) as r:
+            lines = r.read().decode().splitlines()
+    except OSError as e:
+        return f"unknown (/metrics: {e})"
     found = [line.split()[-1] for line in lines if line.startswith("vllm:num_preemptions_total")]
     return found[0] if found else "not reported"
 
@@ -218,7 +225,11 @@ def search(
     running. Returns (name, process, address, argv, env)."""
     best = None
     for name, env in candidates.items():
-        proc, address, cmd = start_server(f"{label}-{name}", config, backend, env, log_dir)
+        try:
+            proc, address, cmd = start_server(f"{label}-{name}", config, backend, env, log_dir)
+        except ServerDidNotStart as e:  # a layout this machine cannot run is reported, not fatal
+            print(f"  {label} {name}: left out: {e}", flush=True)
+            continue
         try:
             key = f"{label}-{name}"
             arms.client(key, config, address)
@@ -235,6 +246,8 @@ def search(
             best = (run["tok_s"], name, proc, address, cmd, env)
         else:
             proc.stop(grace=10.0)
+    if best is None:
+        raise SystemExit(f"no {label} candidate started: see the logs above")
     _, name, proc, address, cmd, env = best
     print(f"  {label}: keeping {name}", flush=True)
     return name, proc, address, cmd, env
