@@ -35,6 +35,7 @@ FIGURES = {
     "advantages.py": "triton_vs_floor" if _cuda_visible() else "reference_vs_loop",
     "async_speedup.py": "async_vs_best_sync_reasoning",
     "deterministic_server.py": "deterministic_throughput_ratio",
+    "engines.py": "client_on_vllm_vs_raw",
     "lockstep_schedule.py": "lockstep_vs_interruptible",
     "lora_memory.py": "lora_memory_ratio",
     "rollout_overhead.py": "overhead_pct",
@@ -78,10 +79,13 @@ def test_every_script_has_a_documented_figure() -> None:
 # lockstep_schedule.py each take about a minute under xdist, and what they run is tested on its own
 # (tests/train/test_lora*.py, tests/server/test_deterministic.py, tests/e2e/test_reproducible.py).
 # async_speedup.py and vs_trl.py run several launcher-sized arms each (sync and async layouts; TRL
-# beside arealite): the suite's time; the loop they time is the one tests/e2e runs.
+# beside arealite): the suite's time; the loop they time is the one tests/e2e runs. engines.py
+# starts a vLLM server (a minute or more) and runs only with vLLM and the real model.
+SMOLLM2 = REPO / "runs" / "models" / "smollm2_135m_instruct"  # what configs/smollm2_cpu.yaml builds
 HEAVY = {
     "async_speedup.py",
     "vs_trl.py",
+    "engines.py",
     "variants.py",
     "time_to_accuracy.py",
     "scale.py",
@@ -95,6 +99,8 @@ HEAVY = {
 def test_smoke_run_prints_its_figure(script: str, tiny_model_dir: str) -> None:
     if script == "vs_trl.py":
         pytest.importorskip("trl", reason="vs_trl.py needs TRL, the benchmark extra: pip install -e .[bench]")
+    if script == "engines.py":
+        _skip_without_vllm_and_smollm2()
     cmd = [sys.executable, str(BENCHMARKS / script), "--smoke"]
     if script in TAKES_MODEL_PATH:
         cmd += ["--model-path", tiny_model_dir]
@@ -112,3 +118,14 @@ def test_smoke_run_prints_its_figure(script: str, tiny_model_dir: str) -> None:
         assert 0 <= learning <= run > 0, f"{script}'s figure is not a count k/n: {last!r}"
     else:
         assert math.isfinite(float(value)), f"{script}'s figure is not a finite number: {last!r}"
+
+
+def _skip_without_vllm_and_smollm2() -> None:
+    from arealite.launcher.server_cmd import vllm_python
+
+    if not (SMOLLM2 / "config.json").is_file():
+        pytest.skip(f"engines.py runs the real model: build it with `python -m arealite.tools.smollm2 {SMOLLM2}`")
+    python = vllm_python()
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+    if not os.path.exists(python) or subprocess.run([python, "-c", probe], timeout=60).returncode != 0:
+        pytest.skip(f"engines.py needs vLLM: it is not installed for {python} (README, section vLLM)")
