@@ -1,17 +1,19 @@
 """On-policy distillation against plain GRPO on the same student, at equal wall time, over seeds.
 
-    python examples/distill_vs_grpo.py [--seeds 1 2 3] [--steps 40] [--plot docs/figures/distill.png]
+    python examples/distill_vs_grpo.py [--seeds 1 2 3] [--steps 15] [--plot docs/figures/distill.png]
+        [--arms distill distillrw grpo]
 
 Each seed S runs the distillation job (configs/tiny_cpu_distill.yaml: the reasoning job's
-trained 2-layer policy as the teacher, a 1-layer student warm-started by the same SFT), the same
-with `distill.reward_weight=1` (the reward's advantage added) and with `distill=null` (GRPO on
-the verifiable reward alone), one after the other, with
-`seed=S gconfig.sampling_seed=S+6`. Held-out pass@1 (every `evaluator.freq_steps` steps) is set
-against training wall time: the steps' own time (`time/step`), evaluation off the clock. At
-equal wall time compares the two at the shorter run's training time: each arm's last
-evaluation at or before it. A run whose stats already hold its last evaluation is read, not
-re-run (delete runs/tiny_cpu_distill/<arm>_s<S> to repeat it). Prints one line per seed and the
-medians; `--plot` draws the curves (one line per run).
+trained policy as the teacher, that job's SFT warm start as the student) and, by default, GRPO
+(`distill=null`: the verifiable reward alone) on the same student; `--arms` adds `distillrw`,
+the same distillation with `distill.reward_weight=1` (the reward's advantage added). The runs go
+one after the other, with `seed=S gconfig.sampling_seed=S+6`. Held-out pass@1 (every
+`evaluator.freq_steps` steps) is set against training wall time: the steps' own time
+(`time/step`), evaluation off the clock. At equal wall time compares each arm with GRPO at the
+shorter run's training time: each arm's last evaluation at or before it. A run whose stats
+already hold its last evaluation is read, not re-run (delete runs/<experiment_name>/<arm>_s<S>
+to repeat it). Prints one line per seed and the medians; `--plot` draws the curves (one line per
+run).
 """
 
 from __future__ import annotations
@@ -25,14 +27,27 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = "configs/tiny_cpu_distill.yaml"
+EXPERIMENT = "tiny_cpu_distill"
+STUDENT = "the student"  # the plot's title: the config's actor.path
 # distillation alone; distillation plus the reward's advantage (weight 1); GRPO on the reward alone
 ARMS = {"distill": [], "distillrw": ["distill.reward_weight=1.0"], "grpo": ["distill=null"]}
 NAMES = {"distill": "distillation", "distillrw": "distillation + reward", "grpo": "GRPO"}
 COLORS = {"distill": "tab:blue", "distillrw": "tab:green", "grpo": "tab:orange"}
 
 
+def use_config(path: str) -> None:
+    """Run `path`'s job, its runs under runs/<its experiment_name>."""
+    import yaml
+
+    global CONFIG, EXPERIMENT, STUDENT
+    CONFIG = path
+    with open(os.path.join(REPO, path)) as f:
+        config = yaml.safe_load(f)
+    EXPERIMENT, STUDENT = config["experiment_name"], os.path.basename(config["actor"]["path"])
+
+
 def run_dir(arm: str, seed: int) -> str:
-    return os.path.join(REPO, "runs", "tiny_cpu_distill", f"{arm}_s{seed}")
+    return os.path.join(REPO, "runs", EXPERIMENT, f"{arm}_s{seed}")
 
 
 def curve(path: str) -> list[tuple[float, int, float]]:
@@ -67,8 +82,9 @@ def finished(path: str, steps: int) -> bool:
 def launch(arm: str, seed: int, steps: int) -> None:
     cmd = [
         sys.executable, "-m", "arealite.launcher.local", "examples/gsm8k_grpo.py", "--config", CONFIG,
-        f"trial_name={arm}_s{seed}", f"seed={seed}", f"gconfig.sampling_seed={seed + 6}",
-        f"total_train_steps={steps}", "stats_logger.progress_bar=false", *ARMS[arm],
+        f"experiment_name={EXPERIMENT}", f"trial_name={arm}_s{seed}", f"seed={seed}",
+        f"gconfig.sampling_seed={seed + 6}", f"total_train_steps={steps}", "stats_logger.progress_bar=false",
+        *ARMS[arm],
     ]  # fmt: skip
     print("$", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
@@ -82,19 +98,24 @@ def at(points: list[tuple[float, int, float]], seconds: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=15, help="steps of each distillation arm")
+    p.add_argument("--grpo-steps", type=int, default=30, help="steps of GRPO: its steps are cheaper, so it runs longer")
     p.add_argument("--plot", default="")
+    p.add_argument("--arms", nargs="+", default=["distill", "grpo"], choices=list(ARMS), help="the arms to compare")
     p.add_argument("--no-run", action="store_true", help="read the finished runs only; launch nothing")
+    p.add_argument("--config", default=CONFIG, help="the job's config; its runs go to runs/<experiment_name>")
     a = p.parse_args(argv)
+    use_config(a.config)
     curves: dict[tuple[str, int], list] = {}
     for seed in a.seeds:
-        for arm in ARMS:  # the two arms of a seed side by side in time: the machine's load is shared
-            if not finished(run_dir(arm, seed), a.steps):
+        for arm in a.arms:  # the arms of a seed side by side in time: the machine's load is shared
+            steps = a.grpo_steps if arm == "grpo" else a.steps
+            if not finished(run_dir(arm, seed), steps):
                 if a.no_run:
                     continue
-                launch(arm, seed, a.steps)
+                launch(arm, seed, steps)
             curves[arm, seed] = curve(run_dir(arm, seed))
-    gains: dict[str, list[float]] = {arm: [] for arm in ARMS if arm != "grpo"}
+    gains: dict[str, list[float]] = {arm: [] for arm in a.arms if arm != "grpo"}
     for seed in a.seeds:
         for arm in gains:
             if (arm, seed) not in curves or ("grpo", seed) not in curves:
@@ -105,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             gains[arm].append(pd - pg)
             print(
                 f"seed={seed} {arm} start={d[0][2]:.3f} wall_s={budget:.0f} {arm}_pass@1={pd:.3f} grpo_pass@1={pg:.3f} "
-                f"final {arm}={d[-1][2]:.3f} grpo={g[-1][2]:.3f} ({arm} {d[-1][0]:.0f}s, grpo {g[-1][0]:.0f}s "
-                f"for {g[-1][1]} steps each)"
+                f"final {arm}={d[-1][2]:.3f} grpo={g[-1][2]:.3f} ({arm} {d[-1][0]:.0f}s for {d[-1][1]} steps, "
+                f"grpo {g[-1][0]:.0f}s for {g[-1][1]})"
             )
     for arm, diffs in gains.items():
         if diffs:
@@ -133,7 +154,7 @@ def plot(curves: dict[tuple[str, int], list], out: str) -> None:
             kl_ax.plot([t for t, _ in kl], [k for _, k in kl], color=COLORS[arm], alpha=0.7, label=label)
     ax.set_xlabel("training wall time (s), evaluation off the clock")
     ax.set_ylabel("held-out pass@1")
-    ax.set_title("1-layer student of the reasoning job's policy")
+    ax.set_title(f"{STUDENT}, taught by the reasoning job's policy")
     ax.legend()
     kl_ax.set_xlabel("training wall time (s)")
     kl_ax.set_ylabel("kl_teacher (per-token reverse KL)")
