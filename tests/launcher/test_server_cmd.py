@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -61,8 +62,10 @@ def test_vllm_command_from_the_config_on_a_cpu(monkeypatch):
     cmd = server_command(cfg, "127.0.0.1", 1234, resolve_backend(cfg.server))
     env, argv = cmd[: cmd.index("/venv/bin/python")], cmd[cmd.index("/venv/bin/python") :]
     assert env[0] == "env" and "VLLM_SERVER_DEV_MODE=1" in env
-    assert argv[:4] == ["/venv/bin/python", "-I", "-m", "vllm.entrypoints.openai.api_server"]
-    flags = {argv[i]: argv[i + 1] for i in range(4, len(argv) - 1) if argv[i].startswith("--")}
+    assert argv[:3] == ["/venv/bin/python", "-I", "-c"] and "vllm.entrypoints.openai.api_server" in argv[3]
+    assert os.path.isfile(os.path.join(argv[4], "arealite_vllm_worker.py"))  # the worker extension's folder
+    flags = {argv[i]: argv[i + 1] for i in range(5, len(argv) - 1) if argv[i].startswith("--")}
+    assert flags["--worker-extension-cls"] == "arealite_vllm_worker.ArealiteWorker"
     assert flags["--model"] == "/m" and flags["--host"] == "127.0.0.1" and flags["--port"] == "1234"
     assert flags["--seed"] == "7" and flags["--max-num-seqs"] == "5" and flags["--max-model-len"] == "512"
     assert flags["--dtype"] == "float32" and flags["--logprobs-mode"] == "processed_logprobs"
