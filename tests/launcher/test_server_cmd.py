@@ -128,3 +128,24 @@ def test_launchers_import_no_model_code():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_vllm_worker_extension_finds_tied_layers_only():
+    """arealite_reload_weights rebuilds the layers whose weight is an earlier layer's tensor (a tied
+    head, which vLLM's reload never re-processes), and no other layer."""
+    import torch
+
+    from arealite.launcher.vllm_ext.arealite_vllm_worker import _tied_layers
+
+    def model(tie: bool) -> torch.nn.Module:
+        m = torch.nn.ModuleDict({"embed": torch.nn.Embedding(8, 4), "body": torch.nn.Linear(4, 4)})
+        m["head"] = torch.nn.Linear(4, 8, bias=False)
+        if tie:
+            m["head"].weight = m["embed"].weight
+        for layer in m.values():
+            layer.quant_method = object()  # vLLM's layers carry one; the rebuild goes through it
+        return m
+
+    tied = model(tie=True)
+    assert _tied_layers(tied) == [tied["head"]]
+    assert _tied_layers(model(tie=False)) == []
