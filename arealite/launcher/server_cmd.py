@@ -47,6 +47,15 @@ VLLM_PYTHON_ENV = "AREALITE_VLLM_PYTHON"
 DEFAULT_VLLM_VENV = "~/.venvs/arealite-vllm"
 
 
+# vLLM's server module run as `python -I -m` would, with arealite's worker extension importable
+VLLM_BOOT = (
+    "import runpy, sys; sys.path.append(sys.argv.pop(1)); "
+    "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__', alter_sys=True)"
+)
+VLLM_EXTENSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_ext")
+VLLM_WORKER_EXTENSION = "arealite_vllm_worker.ArealiteWorker"
+
+
 def vllm_python(configured: str = "") -> str:
     """vLLM's Python: `configured` (server.vllm_python), else $AREALITE_VLLM_PYTHON, else the README's venv."""
     return configured or os.environ.get(VLLM_PYTHON_ENV) or os.path.expanduser(f"{DEFAULT_VLLM_VENV}/bin/python")
@@ -74,6 +83,9 @@ def vllm_command(
     - `--logprobs-mode processed_logprobs`: logprobs of the distribution sampled from (after
       temperature), what the trainer recomputes; vLLM's default is temperature-1 logprobs;
     - `--generation-config vllm`: the model's generation_config.json does not change sampling;
+    - `--worker-extension-cls`: arealite's worker method for disk syncs (vllm_ext/arealite_vllm_worker.py,
+      a reload that also rebuilds tied heads); `VLLM_BOOT` appends its folder, and nothing else, to
+      the path of vLLM's isolated (`-I`) interpreter, and runs vLLM's server module as `-m` would;
     - on a CPU: `--enforce-eager` (no compile warm-up: a faster start), no chunked prefill (see
       below), and vLLM's threads left to OpenMP's defaults instead of one core per server.
     """
@@ -82,7 +94,8 @@ def vllm_command(
         # vLLM pins its compute to a single core per server unless told; the launcher reserves the cores
         kv_gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU default (4 GiB) is more than a test needs
         env += ["VLLM_CPU_OMP_THREADS_BIND=nobind", f"VLLM_CPU_KVCACHE_SPACE={kv_gib}"]
-    cmd = env + [python, "-I", "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    cmd = env + [python, "-I", "-c", VLLM_BOOT, VLLM_EXTENSION_DIR, "--model", model]
+    cmd += ["--worker-extension-cls", VLLM_WORKER_EXTENSION]
     cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--seed", str(seed)]
     cmd += ["--max-num-seqs", str(max_num_seqs), "--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
     cmd += ["--generation-config", "vllm"]

@@ -7,7 +7,8 @@ the small adapter that builds vLLM's request bodies and reads its replies:
   per-token `logprobs.content[].logprob` (minus infinity sent as -9999.0), `finish_reason`
   (stop | length | abort) and `weight_versions` spans;
 - pause / resume: `POST /pause?mode=...&clear_cache=...` and `POST /resume` (dev mode);
-- disk sync: `POST /collective_rpc` `reload_weights`, then `POST /update_weight_version`;
+- disk sync: `POST /collective_rpc` `arealite_reload_weights` (arealite's worker extension:
+  vLLM's reload plus tied heads rebuilt), then `POST /update_weight_version`;
   the version check reads `GET /weight_info`.
 
 Gaps against SGLang and how they are closed: no scalar weight version on a reply (the spans
@@ -25,6 +26,10 @@ from typing import Any
 from arealite.config import GREEDY_TEMPERATURE, GenerationHyperparameters
 from arealite.rollout.protocol import Call, GenerateChunk, SGLangProtocol
 
+# the reload on arealite's worker extension: vLLM's own `reload_weights` leaves a tied head on a CPU
+# on the old weights (arealite/launcher/vllm_ext/arealite_vllm_worker.py)
+RELOAD_METHOD = "arealite_reload_weights"
+WORKER_EXTENSION = "arealite_vllm_worker.ArealiteWorker"
 MAX_TEMPERATURE = 2.0  # vLLM refuses a higher temperature
 _NEG_INF_SENTINEL = -9999.0  # vLLM's JSON for a minus-infinity logprob
 # arealite's pause modes as vLLM's: abort = abort in-flight requests (partial output comes back);
@@ -148,7 +153,7 @@ class VLLMProtocol(SGLangProtocol):
 
     def disk_update_calls(self, path: str, version: int, keep_requests: bool, paused: bool) -> list[Call]:
         # vLLM does not serialize a reload with generation: a server that is not paused is paused first
-        reload = {"method": "reload_weights", "kwargs": {"weights_path": path, "is_checkpoint_format": True}}
+        reload = {"method": RELOAD_METHOD, "kwargs": {"weights_path": path}}
         calls: list[Call] = [("/collective_rpc", reload), ("/update_weight_version", {"new_version": str(version)})]
         if not paused:
             calls = [self.pause_call("abort"), *calls, self.resume_call]
@@ -159,7 +164,7 @@ class VLLMProtocol(SGLangProtocol):
             return None
         return (
             f"weight_update={weight_update} is not supported with a vLLM server yet (only disk: "
-            "/collective_rpc reload_weights); set weight_update=disk"
+            f"/collective_rpc {RELOAD_METHOD}); set weight_update=disk"
         )
 
     async def check_server(self, get: Any, address: str) -> None:
@@ -168,6 +173,12 @@ class VLLMProtocol(SGLangProtocol):
             raise ValueError(
                 f"vLLM server {address} does not serve /server_info ({status}): start it with "
                 "VLLM_SERVER_DEV_MODE=1 (arealite's launchers do), which also turns on pause, resume and reloads"
+            )
+        if WORKER_EXTENSION not in str(info):
+            raise ValueError(
+                f"vLLM server {address} runs without arealite's worker extension: start it as "
+                "arealite.launcher.server_cmd.vllm_command does (--worker-extension-cls "
+                f"{WORKER_EXTENSION}, its folder on the path), or weight syncs cannot reach it"
             )
         if "processed_logprobs" not in str(info):
             raise ValueError(

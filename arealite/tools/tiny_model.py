@@ -119,8 +119,11 @@ def build_tiny_model(
     vocab_size: int = 512,
     max_positions: int = 1024,
     seed: int = 0,
+    tie: bool = False,
 ) -> str:
-    """Write a random Qwen2 causal LM and its tokenizer to `out_dir`; returns `out_dir`."""
+    """Write a random Qwen2 causal LM and its tokenizer to `out_dir`; returns `out_dir`.
+
+    `tie`: the output layer shares the input embedding's weight, as in small instruct models."""
     import torch
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -147,7 +150,7 @@ def build_tiny_model(
         num_key_value_heads=kv_heads,
         max_position_embeddings=max_positions,
         rope_theta=10000.0,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie,
         bos_token_id=raw.token_to_id("<|endoftext|>"),
         eos_token_id=raw.token_to_id("<|im_end|>"),
         pad_token_id=raw.token_to_id("<|endoftext|>"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -61,8 +62,10 @@ def test_vllm_command_from_the_config_on_a_cpu(monkeypatch):
     cmd = server_command(cfg, "127.0.0.1", 1234, resolve_backend(cfg.server))
     env, argv = cmd[: cmd.index("/venv/bin/python")], cmd[cmd.index("/venv/bin/python") :]
     assert env[0] == "env" and "VLLM_SERVER_DEV_MODE=1" in env
-    assert argv[:4] == ["/venv/bin/python", "-I", "-m", "vllm.entrypoints.openai.api_server"]
-    flags = {argv[i]: argv[i + 1] for i in range(4, len(argv) - 1) if argv[i].startswith("--")}
+    assert argv[:3] == ["/venv/bin/python", "-I", "-c"] and "vllm.entrypoints.openai.api_server" in argv[3]
+    assert os.path.isfile(os.path.join(argv[4], "arealite_vllm_worker.py"))  # the worker extension's folder
+    flags = {argv[i]: argv[i + 1] for i in range(5, len(argv) - 1) if argv[i].startswith("--")}
+    assert flags["--worker-extension-cls"] == "arealite_vllm_worker.ArealiteWorker"
     assert flags["--model"] == "/m" and flags["--host"] == "127.0.0.1" and flags["--port"] == "1234"
     assert flags["--seed"] == "7" and flags["--max-num-seqs"] == "5" and flags["--max-model-len"] == "512"
     assert flags["--dtype"] == "float32" and flags["--logprobs-mode"] == "processed_logprobs"
@@ -125,3 +128,24 @@ def test_launchers_import_no_model_code():
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_vllm_worker_extension_finds_tied_layers_only():
+    """arealite_reload_weights rebuilds the layers whose weight is an earlier layer's tensor (a tied
+    head, which vLLM's reload never re-processes), and no other layer."""
+    import torch
+
+    from arealite.launcher.vllm_ext.arealite_vllm_worker import _tied_layers
+
+    def model(tie: bool) -> torch.nn.Module:
+        m = torch.nn.ModuleDict({"embed": torch.nn.Embedding(8, 4), "body": torch.nn.Linear(4, 4)})
+        m["head"] = torch.nn.Linear(4, 8, bias=False)
+        if tie:
+            m["head"].weight = m["embed"].weight
+        for layer in m.values():
+            layer.quant_method = object()  # vLLM's layers carry one; the rebuild goes through it
+        return m
+
+    tied = model(tie=True)
+    assert _tied_layers(tied) == [tied["head"]]
+    assert _tied_layers(model(tie=False)) == []

@@ -3,7 +3,7 @@
 vLLM lives in its own environment (it pins torch and transformers): its interpreter is
 $AREALITE_VLLM_PYTHON, else the README's `~/.venvs/arealite-vllm` (what `.ci/run` installs).
 Without it the tests here are skipped, naming the install line. The server runs a tiny Qwen2
-model built on the spot, with the flags the launchers use (`server_cmd.vllm_command`); its
+model (tied embeddings) built on the spot, with the flags the launchers use (`server_cmd.vllm_command`); its
 process group is killed at session end and dies with pytest (PR_SET_PDEATHSIG, see
 arealite/launcher/process.py). Every test here is in the xdist group "vllm" (tests/conftest.py),
 so one worker owns the server.
@@ -26,6 +26,7 @@ import pytest
 
 from arealite.launcher.process import ManagedProcess
 from arealite.launcher.server_cmd import VLLM_PYTHON_ENV, vllm_command, vllm_python
+from arealite.rollout.vllm_protocol import RELOAD_METHOD
 from arealite.utils import net
 
 INSTALL_HINT = f"install it as the README says (section vLLM), or point {VLLM_PYTHON_ENV} at its python"
@@ -64,7 +65,7 @@ class VLLMServer:
         status, reply = self.call(
             "POST",
             "/collective_rpc",
-            {"method": "reload_weights", "kwargs": {"weights_path": self.model_dir, "is_checkpoint_format": True}},
+            {"method": RELOAD_METHOD, "kwargs": {"weights_path": self.model_dir}},
             timeout=300,
         )
         assert status == 200, f"reloading the original weights failed: {status} {reply}"
@@ -87,10 +88,11 @@ def _vllm_importable(python: str) -> bool:
 
 def build_vllm_tiny_model(out_dir: str) -> str:
     """The repo's tiny random Qwen2 with a head size vLLM's CPU attention supports (64; the
-    default tiny model's 16 is not one)."""
+    default tiny model's 16 is not one), its output layer tied to the input embedding as in
+    small instruct models (SmolLM2, Qwen2.5-0.5B/1.5B): a reload must refresh the tied head too."""
     from arealite.tools.tiny_model import build_tiny_model
 
-    return build_tiny_model(out_dir, hidden=128, heads=2, kv_heads=1, intermediate=256, seed=0)
+    return build_tiny_model(out_dir, hidden=128, heads=2, kv_heads=1, intermediate=256, seed=0, tie=True)
 
 
 def _wait_healthy(proc: ManagedProcess, server: VLLMServer) -> None:

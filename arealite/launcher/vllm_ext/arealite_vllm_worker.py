@@ -1,0 +1,44 @@
+"""arealite's methods on vLLM's worker (`--worker-extension-cls arealite_vllm_worker.ArealiteWorker`).
+
+Runs inside vLLM's own environment, so it imports only what vLLM brings. vLLM puts this class
+among its worker's bases (its supported extension point for RL frameworks), and the client calls
+the method by name through `POST /collective_rpc` (docs/protocol.md §11).
+
+Why it exists: vLLM's `reload_weights` re-processes a layer only when the checkpoint loads a
+weight into it. A model with tied word embeddings (SmolLM2, Qwen2.5-0.5B/1.5B) has no
+`lm_head.weight` to load: the head shares the embedding's tensor, which the reload updates in
+place, but on a CPU the head computes its logits with a copy of that tensor packed for the GEMM
+kernel when the model was first loaded (vLLM's `dispatch_cpu_unquantized_gemm`). That copy is
+never repacked, so after a reload the server samples from the old head over the new body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _tied_layers(model: Any) -> list[Any]:
+    """Layers whose weight is the same tensor as an earlier layer's: tied heads, never loaded by name."""
+    seen: set[int] = set()
+    tied = []
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is None or getattr(module, "quant_method", None) is None:
+            continue
+        if id(weight) in seen:
+            tied.append(module)
+        seen.add(id(weight))
+    return tied
+
+
+class ArealiteWorker:
+    """Mixed into vLLM's worker class; `self` is the worker."""
+
+    def arealite_reload_weights(self, weights_path: str) -> int:
+        """vLLM's in-place reload from `weights_path`, then the tied layers' kernel state rebuilt
+        from their (now new) shared weight. Returns how many tied layers were rebuilt."""
+        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        tied = _tied_layers(self.model_runner.get_model())
+        for layer in tied:
+            layer.quant_method.process_weights_after_loading(layer)
+        return len(tied)
