@@ -125,6 +125,9 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
         assert_close(rec_w[k], ref_w[k], n=STEPS * 64, msg=f"recovered run ends {diff} away: {k}")
 
 
+# heavy, for the suite's time (the default command must stay under 25 minutes on 2 cores):
+# exactly-once after a relaunch is checked, synchronously, by tests/multinode/test_ray.py's lost-host run
+@pytest.mark.heavy
 def test_async_recovery_trains_every_handed_out_prompt_exactly_once(tmp_path, tiny_model_dir):
     """Asynchronous rollouts pull prompts ahead of training; the checkpoint remembers the ones
     handed out but not trained, and the relaunch trains them (none skipped, none twice)."""

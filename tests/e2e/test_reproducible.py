@@ -25,7 +25,11 @@ def _without_timings(rows: list[dict]) -> list[dict]:
     "schedule",
     [
         pytest.param([], id="sync"),
-        pytest.param(["rollout.schedule=lockstep", "rollout.max_head_offpolicyness=1"], id="lockstep"),
+        # lockstep: heavy, for the suite's time; its schedule (no mixed versions, never
+        # interrupted) is guarded by tests/rollout/test_lockstep_drain.py
+        pytest.param(
+            ["rollout.schedule=lockstep", "rollout.max_head_offpolicyness=1"], id="lockstep", marks=pytest.mark.heavy
+        ),
     ],
 )
 def test_two_same_seed_runs_write_identical_stats(tmp_path, tiny_model_dir, schedule):

@@ -53,6 +53,8 @@ HEAVY = {
     "dr_grpo",
     "reinforce_pp_baseline",
     "rloo",
+    "lora",  # the synced adapter's served logprobs: tests/train/test_lora_sync.py
+    "dapo",  # overlong penalty, clip-higher, dynamic sampling: tests/algo, tests/train, e2e/test_dynamic_sampling.py
     "cispo",
     "sapo",
     "dppo_tv",

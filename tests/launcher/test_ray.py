@@ -87,6 +87,9 @@ def test_killed_server_without_restarts_tears_everything_down(launch, tiny_model
     assert not run.alive_pids(extra=below), "a process of the run (server, rank, Ray daemon or worker) outlived it"
 
 
+# heavy, for the suite's time (the default command must stay under 25 minutes on 2 cores):
+# the same restart is run through the local and Slurm launchers
+@pytest.mark.heavy
 def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir, ray_cluster):
     # An existing cluster (launcher.ray_address), as a user's would be.
     overrides = [
