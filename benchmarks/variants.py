@@ -102,6 +102,20 @@ def run_one(run: Run, out: Path, timeout: float) -> Run:
     return run
 
 
+def setup_once(arg_lists, out: Path) -> None:
+    """Run every base config's `launcher.setup_commands` once, in order, from the repository root:
+    concurrent launches would otherwise build the same model folders at the same time."""
+    bases = dict.fromkeys(args[args.index("--config") + 1] for args in arg_lists)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with open(out / "setup.log", "w") as log:
+        for base in bases:
+            for command in yaml.safe_load(Path(base).read_text()).get("launcher", {}).get("setup_commands", []):
+                if subprocess.run(
+                    ["bash", "-c", command], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+                ).returncode:
+                    raise SystemExit(f"setup command {command!r} of {base} failed; see {out / 'setup.log'}")
+
+
 def planned_steps(args: list[str]) -> int:
     """The run's total_train_steps (the last override wins), 0 when the base config sets it."""
     steps = [int(a.split("=", 1)[1]) for a in args if a.startswith("total_train_steps=")]
@@ -173,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
         smoke = ["total_train_steps=2", "evaluator.freq_steps=2", "evaluator.num_samples=8", "evaluator.k=1"]
         matrix = {n: [*args, *smoke] for n, args in matrix.items()}
     a.out.mkdir(parents=True, exist_ok=True)
+    if not a.model_path:  # each base config's setup once, before runs that share its folders start
+        setup_once(matrix.values(), a.out)
+        a.extra = ["launcher.setup_commands=[]", *a.extra]
     runs = [Run(n, s, [*args, *a.extra]) for s in seeds for n, args in matrix.items()]
     order = sorted(runs, key=lambda r: -planned_steps(r.args))  # longest first (stable: seed-major otherwise)
     print(f"{len(runs)} runs ({len(matrix)} variants x {len(seeds)} seeds), {a.jobs} at a time; logs in {a.out}")
