@@ -4,7 +4,8 @@
         [--arms distill distillrw grpo]
 
 Each seed S runs the distillation job (configs/tiny_cpu_distill.yaml: the reasoning job's
-trained policy as the teacher, that job's SFT warm start as the student) and, by default, GRPO
+trained policy as the teacher, that job's SFT warm start as the student; `--config
+configs/tiny_cpu_distill_small.yaml`: a 1-layer student, half the teacher's depth) and, by default, GRPO
 (`distill=null`: the verifiable reward alone) on the same student; `--arms` adds `distillrw`,
 the same distillation with `distill.reward_weight=1` (the reward's advantage added). The runs go
 one after the other, with `seed=S gconfig.sampling_seed=S+6`. Held-out pass@1 (every
@@ -12,8 +13,9 @@ one after the other, with `seed=S gconfig.sampling_seed=S+6`. Held-out pass@1 (e
 (`time/step`), evaluation off the clock. At equal wall time compares each arm with GRPO at the
 shorter run's training time: each arm's last evaluation at or before it. A run whose stats
 already hold its last evaluation is read, not re-run (delete runs/<experiment_name>/<arm>_s<S>
-to repeat it). Prints one line per seed and the medians; `--plot` draws the curves (one line per
-run).
+to repeat it). Prints one line per seed and arm (with the last 5 steps' mean answer length and
+fraction cut at the token budget: a student that learns to ramble shows there) and the medians;
+`--plot` draws the curves (one line per run).
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ def use_config(path: str) -> None:
     with open(os.path.join(REPO, path)) as f:
         config = yaml.safe_load(f)
     EXPERIMENT, STUDENT = config["experiment_name"], os.path.basename(config["actor"]["path"])
+    layers = {who: n_layers(config[section]["path" if section == "actor" else "teacher_path"])
+              for who, section in (("student", "actor"), ("teacher", "distill"))}  # fmt: skip
+    if None not in layers.values():
+        STUDENT = f"{layers['student']}-layer student of a {layers['teacher']}-layer teacher"
+
+
+def n_layers(model: str) -> int | None:
+    """The model folder's layer count, None before the job built it."""
+    try:
+        with open(os.path.join(REPO, model, "config.json")) as f:
+            return int(json.load(f)["num_hidden_layers"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def run_dir(arm: str, seed: int) -> str:
@@ -70,6 +85,13 @@ def kl_curve(path: str) -> list[tuple[float, float]]:
             out.append((clock, float(row["kl_teacher"])))
         clock += float(row.get("time/step", 0.0))
     return out
+
+
+def answers(path: str, last: int = 5) -> tuple[float, float]:
+    """(mean answer length, mean fraction cut at the token budget) over a run's last `last` steps."""
+    rows = sorted((json.loads(line) for line in open(os.path.join(path, "stats.jsonl"))), key=lambda r: r["step"])
+    rows = [r for r in rows if "response_len" in r][-last:]
+    return statistics.mean(r["response_len"] for r in rows), statistics.mean(r["truncated_frac"] for r in rows)
 
 
 def finished(path: str, steps: int) -> bool:
@@ -124,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
             budget = min(d[-1][0], g[-1][0])
             pd, pg = at(d, budget), at(g, budget)
             gains[arm].append(pd - pg)
+            (dl, dt), (gl, gt) = answers(run_dir(arm, seed)), answers(run_dir("grpo", seed))
             print(
                 f"seed={seed} {arm} start={d[0][2]:.3f} wall_s={budget:.0f} {arm}_pass@1={pd:.3f} grpo_pass@1={pg:.3f} "
                 f"final {arm}={d[-1][2]:.3f} grpo={g[-1][2]:.3f} ({arm} {d[-1][0]:.0f}s for {d[-1][1]} steps, "
-                f"grpo {g[-1][0]:.0f}s for {g[-1][1]})"
+                f"grpo {g[-1][0]:.0f}s for {g[-1][1]}); last 5 steps: answer length {arm}={dl:.0f} grpo={gl:.0f}, "
+                f"truncated {arm}={dt:.3f} grpo={gt:.3f}"
             )
     for arm, diffs in gains.items():
         if diffs:
@@ -154,7 +178,7 @@ def plot(curves: dict[tuple[str, int], list], out: str) -> None:
             kl_ax.plot([t for t, _ in kl], [k for _, k in kl], color=COLORS[arm], alpha=0.7, label=label)
     ax.set_xlabel("training wall time (s), evaluation off the clock")
     ax.set_ylabel("held-out pass@1")
-    ax.set_title(f"{STUDENT}, taught by the reasoning job's policy")
+    ax.set_title(f"{STUDENT} (the reasoning job's policy)", fontsize=10)
     ax.legend()
     kl_ax.set_xlabel("training wall time (s)")
     kl_ax.set_ylabel("kl_teacher (per-token reverse KL)")
