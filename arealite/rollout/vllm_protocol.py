@@ -30,6 +30,7 @@ from arealite.types import WeightUpdateMeta
 # the reload on arealite's worker extension: vLLM's own `reload_weights` leaves a tied head on a CPU
 # on the old weights (arealite/launcher/vllm_ext/arealite_vllm_worker.py)
 RELOAD_METHOD = "arealite_reload_weights"
+CLOSE_UPDATE_METHOD = "arealite_close_weight_update"  # finishes a streamed update a dead trainer left open
 WORKER_EXTENSION = "arealite_vllm_worker.ArealiteWorker"
 MAX_TEMPERATURE = 2.0  # vLLM refuses a higher temperature
 _NEG_INF_SENTINEL = -9999.0  # vLLM's JSON for a minus-infinity logprob
@@ -176,7 +177,8 @@ class VLLMProtocol(SGLangProtocol):
             buckets.append(
                 ("/update_weights", {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes}})
             )
-        before: list[Call] = [("/start_weight_update", None)]
+        close = ("/collective_rpc", {"method": CLOSE_UPDATE_METHOD})  # else vLLM refuses the start
+        before: list[Call] = [close, ("/start_weight_update", None)]
         after: list[Call] = [("/finish_weight_update", {"weight_version": str(meta.version)})]
         if not paused:
             before, after = [self.pause_call("abort"), *before], [*after, self.resume_call]

@@ -72,3 +72,12 @@ class ArealiteWorker:
         from their (now new) shared weight. Returns how many tied layers were rebuilt."""
         self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         return rebuild_tied_layers(self.model_runner.get_model())
+
+    def arealite_close_weight_update(self) -> bool:
+        """Finish a streamed update left open (its trainer died between `/start_weight_update` and
+        `/finish_weight_update`), so the model is whole and the next start is accepted; the weights
+        stay partly updated until that update. Returns whether one was open."""
+        if not getattr(self, "_weight_update_active", False):
+            return False
+        self.finish_weight_update()  # the weight version is left as it was
+        return True
