@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+import torch
 
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig, OptimizerConfig, PPOActorConfig
 from arealite.rollout import RemoteVLLMEngine, WeightUpdateError
@@ -52,6 +53,7 @@ def test_a_distributed_sync_serves_the_trainers_new_weights(vllm_server, tmp_pat
     config = PPOActorConfig(path=vllm_server.model_dir, dtype="float32", optimizer=OptimizerConfig(lr=3e-2))
     actor = PPOActor(config, GenerationHyperparameters(group_size=2)).initialize()
     train = make_batch([9, 7, 8, 6], seed=12)
+    train["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0])  # each group of 2 mixed: advantages are not zero
     train["logprobs"] = actor.compute_logp(train)
     actor.compute_advantages(train)
     actor.ppo_update(train)  # lr 3e-2: the weights move far from the server's
