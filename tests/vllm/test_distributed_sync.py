@@ -17,6 +17,7 @@ import torch
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig, OptimizerConfig, PPOActorConfig
 from arealite.rollout import RemoteVLLMEngine, WeightUpdateError
 from arealite.types import ModelRequest, WeightUpdateMeta
+from tests.tolerance import magnitude, tolerance
 from tests.train.helpers import make_batch
 from tests.train.server_utils import batch_from_rows
 from tests.vllm.test_client import LOGPROB_ATOL
@@ -24,6 +25,7 @@ from tests.vllm.test_client import LOGPROB_ATOL
 pytestmark = [pytest.mark.xdist_group("vllm"), pytest.mark.timeout(900)]
 PROMPT = [5, 17, 42, 99]
 NEW_TOKENS = 24
+HIDDEN = 128  # the served tiny model's width: the longest dot product behind a logit
 TIMEOUT_S = 120.0  # forming the group and one broadcast, on a busy 2-core machine
 
 
@@ -78,7 +80,8 @@ def test_a_distributed_sync_serves_the_trainers_new_weights(vllm_server, tmp_pat
         engine.pause()
         engine.update_weights(meta).result(timeout=300)
         engine.resume()
-        disk = _mismatch(actor, _answer(engine))
+        by_disk = _answer(engine)
+        disk = _mismatch(actor, by_disk)
     finally:
         engine.destroy()
         vllm_server.restore()
@@ -90,6 +93,11 @@ def test_a_distributed_sync_serves_the_trainers_new_weights(vllm_server, tmp_pat
     assert stale > 10 * LOGPROB_ATOL  # the trainer's weights really differ from the served ones
     assert distributed <= LOGPROB_ATOL and reopened <= LOGPROB_ATOL
     assert disk <= LOGPROB_ATOL
+    # the same seed and weights: the same answer, its logprobs equal to fp32 rounding (one server, two loads)
+    assert by_disk.output_tokens == resp.output_tokens
+    served = torch.tensor(resp.output_logprobs)
+    bound = tolerance(torch.float32, HIDDEN) * magnitude(served)
+    torch.testing.assert_close(torch.tensor(by_disk.output_logprobs), served, atol=bound, rtol=0)
 
 
 def test_bad_weight_transfer_requests_get_a_clear_error(vllm_server):
@@ -97,13 +105,15 @@ def test_bad_weight_transfer_requests_get_a_clear_error(vllm_server):
         status, reply = vllm_server.call("POST", path, body)
         return status, str(reply)
 
+    # vLLM answers a worker's exception with a 500 that carries its message
+
     status, reply = post("/init_weight_transfer_engine", {"init_info": {"backend": "gloo", "rank_offset": 1}})
-    assert status == 400 and "Invalid init_info for ArealiteWeightTransferEngine" in reply, reply
+    assert status == 500 and "Invalid init_info for ArealiteWeightTransferEngine" in reply, reply
     fields = dict(master_address="127.0.0.1", master_port=1, rank_offset=1, world_size=2, group_name="g")
     status, reply = post("/init_weight_transfer_engine", {"init_info": {**fields, "backend": "mpi"}})
-    assert status == 400 and "init_info.backend='mpi' is not supported" in reply, reply
+    assert status == 500 and "init_info.backend='mpi' is not supported" in reply, reply
     status, reply = post("/init_weight_transfer_engine", {"init_info": {**fields, "rank_offset": 2}})
-    assert status == 400 and "rank_offset=2 must be in 1..world_size-1" in reply, reply
+    assert status == 500 and "rank_offset=2 must be in 1..world_size-1" in reply, reply
     assert post("/shutdown_weight_transfer_engine")[0] == 200  # no group, as after a trainer left
     engine = _engine(vllm_server)
     try:
