@@ -121,9 +121,12 @@ def test_bad_weight_transfer_requests_get_a_clear_error(vllm_server):
         engine.pause()
         with pytest.raises(WeightUpdateError, match=r"POST /init_weight_transfer_engine before /start_weight_update"):
             engine.update_weights(meta).result(timeout=60)
-        engine.resume()
-        assert _answer(engine).output_len == NEW_TOKENS  # the server still serves, on its old weights
     finally:
+        # not through this client: vLLM closes the connection after a weight-transfer route fails, and the
+        # client's next call on it would fail and take the server out of rotation
         engine.destroy()
         vllm_server.restore()
+    body = {"token_ids": PROMPT, "sampling_params": {"max_tokens": 4, "logprobs": 0}}
+    status, reply = vllm_server.call("POST", "/inference/v1/generate", body)
+    assert status == 200 and len(reply["choices"][0]["token_ids"]) == 4  # the server still serves
     assert vllm_server.call("GET", "/weight_info") == (200, {"weight_version": "0"})
