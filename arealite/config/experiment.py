@@ -37,7 +37,11 @@ class GRPOConfig:
     total_train_steps: int = setting(10, "training steps (rollout, update, weight sync) of the run")
     tokenizer_path: str = setting("", "defaults to actor.path")
     weight_update: WeightUpdateMode = setting(
-        "disk", "how weights reach the servers (lora: only the actor's LoRA adapter, through /load_lora_adapter)"
+        "disk",
+        "how weights reach the servers: disk (an HF folder under run_dir they reload), distributed (trainer rank 0 "
+        "broadcasts buckets over a process group the servers joined; with server.backend=vllm through vLLM's "
+        "weight-transfer routes) or lora (only the actor's LoRA adapter, through /load_lora_adapter; not with "
+        "vLLM); docs/protocol.md §11.4",
     )
     weight_keep_versions: int = setting(
         3, "disk: weight versions kept under <run_dir>/weights (older ones are deleted)"

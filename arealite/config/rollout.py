@@ -92,7 +92,7 @@ class ServerConfig:
         "auto",
         "auto (SGLang with CUDA, built-in otherwise) | builtin | sglang | vllm (vLLM's RL routes, from its own "
         "environment, see vllm_python; the trainer script's client is then `RemoteVLLMEngine`, which "
-        "`arealite.rollout_client(config)` picks; weight_update=disk only). Unlike verl, OpenRLHF and "
+        "`arealite.rollout_client(config)` picks; weight_update=disk or distributed). Unlike verl, OpenRLHF and "
         "SkyRL, which run vLLM inside their trainer's processes, arealite runs it as a server and talks HTTP "
         "to its own routes, as AReaL, SkyRL's HTTP mode and prime-rl do",
     )

@@ -11,6 +11,7 @@ CUDA_VISIBLE_DEVICES, else from `nvidia-smi -L`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -53,7 +54,10 @@ VLLM_BOOT = (
     "runpy.run_module('vllm.entrypoints.openai.api_server', run_name='__main__', alter_sys=True)"
 )
 VLLM_EXTENSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_ext")
+# the names vllm_ext registers; the launcher cannot import them (vLLM lives in its own environment), so
+# the rollout client repeats the first (vllm_protocol.WORKER_EXTENSION) and a test holds them equal
 VLLM_WORKER_EXTENSION = "arealite_vllm_worker.ArealiteWorker"
+VLLM_TRANSFER_ENGINE = "arealite"
 
 
 def vllm_python(configured: str = "") -> str:
@@ -86,6 +90,8 @@ def vllm_command(
     - `--worker-extension-cls`: arealite's worker method for disk syncs (vllm_ext/arealite_vllm_worker.py,
       a reload that also rebuilds tied heads); `VLLM_BOOT` appends its folder, and nothing else, to
       the path of vLLM's isolated (`-I`) interpreter, and runs vLLM's server module as `-m` would;
+    - `--weight-transfer-config`: arealite's weight-transfer engine (vllm_ext/arealite_vllm_transfer.py,
+      registered by the worker extension's import) for distributed syncs over the trainer's group;
     - on a CPU: `--enforce-eager` (no compile warm-up: a faster start), no chunked prefill (see
       below), and vLLM's threads left to OpenMP's defaults instead of one core per server.
     """
@@ -96,6 +102,7 @@ def vllm_command(
         env += ["VLLM_CPU_OMP_THREADS_BIND=nobind", f"VLLM_CPU_KVCACHE_SPACE={kv_gib}"]
     cmd = env + [python, "-I", "-c", VLLM_BOOT, VLLM_EXTENSION_DIR, "--model", model]
     cmd += ["--worker-extension-cls", VLLM_WORKER_EXTENSION]
+    cmd += ["--weight-transfer-config", json.dumps({"backend": VLLM_TRANSFER_ENGINE})]
     cmd += ["--host", host, "--port", str(port), "--dtype", dtype, "--seed", str(seed)]
     cmd += ["--max-num-seqs", str(max_num_seqs), "--enable-scale-out", "--logprobs-mode", "processed_logprobs"]
     cmd += ["--generation-config", "vllm"]
@@ -157,10 +164,15 @@ def _vllm_server_command(config: GRPOConfig, host: str, port: int) -> list[str]:
             "server.deterministic=true is not supported with server.backend=vllm (vLLM's batch invariance needs "
             "a GPU build with Triton); set server.deterministic=false"
         )
-    if config.weight_update != "disk":
+    if config.weight_update == "lora":
         raise ConfigError(
-            f"weight_update={config.weight_update} is not supported with server.backend=vllm yet; "
-            "set weight_update=disk"
+            "weight_update=lora is not supported with server.backend=vllm yet; set weight_update=disk or distributed"
+        )
+    if config.weight_update == "distributed" and config.launcher.gpus_per_server > 1:
+        raise ConfigError(
+            f"weight_update=distributed gives each server one rank of the trainer's group, so it needs "
+            f"launcher.gpus_per_server=1 with server.backend=vllm (got {config.launcher.gpus_per_server}); "
+            "set weight_update=disk for tensor-parallel servers"
         )
     gpus = visible_gpus()
     dtype = server.dtype if server.dtype != "auto" or gpus else "float32"  # vLLM's auto is bf16 even on a CPU

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arealite.config import GenerationHyperparameters
+from arealite.types import WeightUpdateMeta
 
 # The only finish types that end a request; "abort" without an error status means "interrupted".
 FINAL_STOP_REASONS = ("stop", "length")
@@ -196,6 +197,36 @@ def error_message(body: Any) -> str:
 Call = tuple[str, dict[str, Any] | None]  # (path, JSON body or None) of one POST
 
 
+@dataclass
+class DistributedCalls:
+    """One server's calls of a distributed sync: `before` in order, then `buckets[i]` while the
+    trainer broadcasts bucket i, then `after` in order."""
+
+    before: list[Call]
+    buckets: list[Call]
+    after: list[Call]
+
+
+def group_fields(meta: WeightUpdateMeta, rank_offset: int, world_size: int) -> dict[str, Any]:
+    """What a server needs to join the trainer's weight-update group (§3.3) as `rank_offset`."""
+    return {
+        "master_address": meta.master_address,
+        "master_port": int(meta.master_port),
+        "rank_offset": int(rank_offset),
+        "world_size": int(world_size),
+        "group_name": meta.group_name,
+        "backend": meta.backend,
+        "timeout": float(meta.timeout),  # arealite's field (SGLang ignores it): bounds the server's waits
+    }
+
+
+def bucket_spec(bucket: list[tuple[str, Any, Any]]) -> tuple[list[str], list[str], list[list[int]]]:
+    """(names, torch dtype names, shapes) of one bucket of `WeightUpdateMeta.buckets`."""
+    names = [name for name, _, _ in bucket]
+    dtypes = [str(dtype).removeprefix("torch.") for _, dtype, _ in bucket]
+    return names, dtypes, [[int(d) for d in shape] for _, _, shape in bucket]
+
+
 class SGLangProtocol:
     """What the shared client core (generation, pausing, weight updates, health) sends to and reads
     from an SGLang-protocol server; `vllm_protocol.VLLMProtocol` is the same for vLLM's RL routes."""
@@ -231,6 +262,27 @@ class SGLangProtocol:
         that rejoins the rotation is not)."""
         fields = {"flush_cache": False} if keep_requests else {"abort_all_requests": True}
         return [("/update_weights_from_disk", {"model_path": path, "weight_version": str(version), **fields})]
+
+    def group_join_call(self, meta: WeightUpdateMeta, rank_offset: int, world_size: int) -> Call:
+        """The call that has a server join `meta`'s group; it returns once every member joined."""
+        return "/init_weights_update_group", group_fields(meta, rank_offset, world_size)
+
+    def group_leave_call(self, group_name: str) -> Call:
+        return "/destroy_weights_update_group", {"group_name": group_name}
+
+    def distributed_calls(self, meta: WeightUpdateMeta, keep_requests: bool, paused: bool) -> DistributedCalls:
+        """One server's calls to receive `meta.buckets` as `meta.version` (§3.4): one per bucket,
+        the version and the cache flush with the last (`keep_requests`: never flush, §3.9).
+        SGLang serializes an update with generation, so a server that is not paused needs nothing more."""
+        fields = {"flush_cache": False} if keep_requests else {"abort_all_requests": True}
+        calls = []
+        for i, bucket in enumerate(meta.buckets):
+            names, dtypes, shapes = bucket_spec(bucket)
+            body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": meta.group_name}
+            body.update(weight_version=str(meta.version), flush_cache=i == len(meta.buckets) - 1)  # flush once
+            body.update(fields)  # in_place / retract: never flush
+            calls.append(("/update_weights_from_distributed", body))
+        return DistributedCalls([], calls, [])
 
     def read_version(self, reply: Any) -> str:
         return str(reply.get("weight_version")) if isinstance(reply, dict) else str(reply)

@@ -7,9 +7,9 @@ the small adapter that builds vLLM's request bodies and reads its replies:
   per-token `logprobs.content[].logprob` (minus infinity sent as -9999.0), `finish_reason`
   (stop | length | abort) and `weight_versions` spans;
 - pause / resume: `POST /pause?mode=...&clear_cache=...` and `POST /resume` (dev mode);
-- disk sync: `POST /collective_rpc` `arealite_reload_weights` (arealite's worker extension:
-  vLLM's reload plus tied heads rebuilt), then `POST /update_weight_version`;
-  the version check reads `GET /weight_info`.
+- weight sync (§11.4): disk, `POST /collective_rpc` `arealite_reload_weights` (arealite's worker
+  extension) then `/update_weight_version`; distributed, vLLM's weight-transfer routes served by
+  arealite's engine over the trainer's group; the version check reads `GET /weight_info`.
 
 Gaps against SGLang and how they are closed: no scalar weight version on a reply (the spans
 are exact; tokens outside them get the client's version at submission, protocol.token_versions);
@@ -24,11 +24,13 @@ import math
 from typing import Any
 
 from arealite.config import GREEDY_TEMPERATURE, GenerationHyperparameters
-from arealite.rollout.protocol import Call, GenerateChunk, SGLangProtocol
+from arealite.rollout.protocol import Call, DistributedCalls, GenerateChunk, SGLangProtocol, bucket_spec, group_fields
+from arealite.types import WeightUpdateMeta
 
 # the reload on arealite's worker extension: vLLM's own `reload_weights` leaves a tied head on a CPU
 # on the old weights (arealite/launcher/vllm_ext/arealite_vllm_worker.py)
 RELOAD_METHOD = "arealite_reload_weights"
+CLOSE_UPDATE_METHOD = "arealite_close_weight_update"  # finishes a streamed update a dead trainer left open
 WORKER_EXTENSION = "arealite_vllm_worker.ArealiteWorker"
 MAX_TEMPERATURE = 2.0  # vLLM refuses a higher temperature
 _NEG_INF_SENTINEL = -9999.0  # vLLM's JSON for a minus-infinity logprob
@@ -159,12 +161,35 @@ class VLLMProtocol(SGLangProtocol):
             calls = [self.pause_call("abort"), *calls, self.resume_call]
         return calls
 
+    def group_join_call(self, meta: WeightUpdateMeta, rank_offset: int, world_size: int) -> Call:
+        # arealite's engine takes SGLang's group fields as its init_info (vllm_ext/arealite_vllm_transfer.py)
+        return "/init_weight_transfer_engine", {"init_info": group_fields(meta, rank_offset, world_size)}
+
+    def group_leave_call(self, group_name: str) -> Call:
+        return "/shutdown_weight_transfer_engine", None
+
+    def distributed_calls(self, meta: WeightUpdateMeta, keep_requests: bool, paused: bool) -> DistributedCalls:
+        # Between start and finish the model is half loaded (vLLM's layer-wise reload), and vLLM does not
+        # serialize that with generation: a server that is not paused is paused first, resumed after.
+        buckets = []
+        for bucket in meta.buckets:
+            names, dtypes, shapes = bucket_spec(bucket)
+            buckets.append(
+                ("/update_weights", {"update_info": {"names": names, "dtype_names": dtypes, "shapes": shapes}})
+            )
+        close = ("/collective_rpc", {"method": CLOSE_UPDATE_METHOD})  # else vLLM refuses the start
+        before: list[Call] = [close, ("/start_weight_update", None)]
+        after: list[Call] = [("/finish_weight_update", {"weight_version": str(meta.version)})]
+        if not paused:
+            before, after = [self.pause_call("abort"), *before], [*after, self.resume_call]
+        return DistributedCalls(before, buckets, after)
+
     def unsupported(self, weight_update: str) -> str | None:
-        if weight_update == "disk":
+        if weight_update in ("disk", "distributed"):
             return None
         return (
-            f"weight_update={weight_update} is not supported with a vLLM server yet (only disk: "
-            f"/collective_rpc {RELOAD_METHOD}); set weight_update=disk"
+            f"weight_update={weight_update} is not supported with a vLLM server yet; set weight_update=disk "
+            "or distributed"
         )
 
     async def check_server(self, get: Any, address: str) -> None:

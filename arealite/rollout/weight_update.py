@@ -27,11 +27,6 @@ _DIST_SETTING = "rollout.weight_update_timeout"
 _SERVER_GRACE_S = 5.0  # the client waits this much longer than the server, so the server's own error arrives
 
 
-def _request_fields(keep_requests: bool) -> dict[str, Any]:
-    """The update-body fields that say what happens to the server's requests (module doc)."""
-    return {"flush_cache": False} if keep_requests else {"abort_all_requests": True}
-
-
 class WeightUpdater:
     """Sends weight-update calls to the pool's servers; remembers what a rejoining server missed.
 
@@ -110,20 +105,6 @@ class WeightUpdater:
         for call_path, body in calls:
             await self._post(address, call_path, body)
 
-    def _distributed_body(self, meta: WeightUpdateMeta, i: int) -> dict[str, Any]:
-        """The body for bucket `i` of `meta.buckets`."""
-        bucket = meta.buckets[i]
-        body = {
-            "names": [name for name, _, _ in bucket],
-            "dtypes": [str(dtype).removeprefix("torch.") for _, dtype, _ in bucket],
-            "shapes": [[int(d) for d in shape] for _, _, shape in bucket],
-            "group_name": meta.group_name,
-            "weight_version": str(meta.version),
-            "flush_cache": i == len(meta.buckets) - 1,  # flush once, after the last bucket
-        }
-        body.update(_request_fields(self._keeps_requests))  # in_place / retract: never flush
-        return body
-
     async def aupdate(self, meta: WeightUpdateMeta) -> None:
         async with self._updating:
             await self._update(meta)
@@ -186,27 +167,40 @@ class WeightUpdater:
                 logger.warning("could not unload the replaced LoRA adapter %s from %s: %s", old, address, e)
 
     async def _broadcast_calls(self, meta: WeightUpdateMeta) -> None:
-        """One call per bucket to each member of the group, in order. A member whose call fails
-        gets no more; the others keep receiving, so only the failed one can hold up the
-        trainer's broadcast. Raises WeightUpdateError naming every failed member."""
+        """Each member of the group gets its protocol's calls (`distributed_calls`): the ones
+        before, then one per bucket, all members at once, bucket by bucket, then the ones after.
+        A member whose call fails gets no more; the others keep receiving, so only the failed one
+        can hold up the trainer's broadcast. Raises WeightUpdateError naming every failed member."""
         in_group = self.group is not None and self.group.group_name == meta.group_name
         live = list(self.members if in_group else self._pool.healthy)
         failed: dict[str, str] = {}
-        path = "/update_weights_from_distributed"
-        for i in range(len(meta.buckets)):
-            body = self._distributed_body(meta, i)
-            results = await asyncio.gather(*(self._post_member(a, path, body) for a in live), return_exceptions=True)
+        # a member out of rotation (back after a failure, awaiting these weights) was not paused with the rest
+        keep = self._keeps_requests
+        plans = {a: self._protocol.distributed_calls(meta, keep, self._pool.is_healthy(a)) for a in live}
+
+        async def phase(calls: dict[str, list[protocol.Call]]) -> None:
+            results = await asyncio.gather(*(self._post_in_order(a, calls[a]) for a in live), return_exceptions=True)
             for address, result in zip(list(live), results):
                 if isinstance(result, BaseException):
                     failed[address] = str(result)
                     live.remove(address)
+
+        await phase({a: plan.before for a, plan in plans.items()})
+        for i in range(len(meta.buckets)):
+            await phase({a: plan.buckets[i : i + 1] for a, plan in plans.items()})
+        await phase({a: plan.after for a, plan in plans.items()})
         if failed:
-            error = WeightUpdateError(f"{path} failed on {sorted(failed)}: " + "; ".join(failed.values()))
+            errors = "; ".join(failed.values())
+            error = WeightUpdateError(f"the distributed update failed on {sorted(failed)}: {errors}")
             error.failed = failed  # type: ignore[attr-defined]
             raise error
         for address in sorted(self.awaiting & set(self.members if in_group else ())):
             self.awaiting.discard(address)
             await self._health.bring_back(address)
+
+    async def _post_in_order(self, address: str, calls: list[protocol.Call]) -> None:
+        for path, body in calls:
+            await self._post_member(address, path, body)
 
     async def _post_member(self, address: str, path: str, body: dict[str, Any]) -> None:
         """One bucket call, abandoned if the server is taken out of rotation meanwhile (a hung
@@ -226,27 +220,12 @@ class WeightUpdater:
         if meta.backend not in ("gloo", "nccl"):
             raise WeightUpdateError(f"WeightUpdateMeta.backend={meta.backend!r} is not supported; use 'gloo' or 'nccl'")
         addresses = list(self._pool.addresses if members is None else members)
-        bodies = [
-            {
-                "master_address": meta.master_address,
-                "master_port": int(meta.master_port),
-                "rank_offset": 1 + i,  # the trainer's rank 0 is the broadcast source
-                "world_size": 1 + len(addresses),
-                "group_name": meta.group_name,
-                "backend": meta.backend,
-                "timeout": float(meta.timeout),  # arealite's field (SGLang ignores it): bounds the server's waits
-            }
-            for i in range(len(addresses))
-        ]
+        # the trainer's rank 0 is the broadcast source; server i joins as rank 1 + i
+        calls = [self._protocol.group_join_call(meta, 1 + i, 1 + len(addresses)) for i in range(len(addresses))]
         self.group, self.members = meta, addresses  # also when a join fails: aleave_group then tells them all
         timeout = meta.timeout + _SERVER_GRACE_S
-        results = await asyncio.gather(
-            *(
-                self._post(a, "/init_weights_update_group", b, timeout, _DIST_SETTING)
-                for a, b in zip(addresses, bodies)
-            ),
-            return_exceptions=True,
-        )
+        joins = (self._post(a, path, body, timeout, _DIST_SETTING) for a, (path, body) in zip(addresses, calls))
+        results = await asyncio.gather(*joins, return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0] if len(errors) == 1 else WeightUpdateError("; ".join(str(e) for e in errors))
@@ -259,10 +238,9 @@ class WeightUpdater:
         if group is None:
             return
         timeout = self._config.health_check_timeout
+        path, body = self._protocol.group_leave_call(group.group_name)
         for address in members:
-            task = asyncio.ensure_future(
-                self._post(address, "/destroy_weights_update_group", {"group_name": group.group_name}, timeout)
-            )
+            task = asyncio.ensure_future(self._post(address, path, body, timeout))
             self._pending.add(task)
             task.add_done_callback(self._forget)
 

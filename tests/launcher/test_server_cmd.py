@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import socket
 import subprocess
@@ -10,6 +12,7 @@ import sys
 import pytest
 
 from arealite.config import ConfigError, GRPOConfig, load_config
+from arealite.launcher import server_cmd
 from arealite.launcher.server_cmd import model_path, resolve_backend, server_command
 from arealite.utils import net
 
@@ -66,6 +69,7 @@ def test_vllm_command_from_the_config_on_a_cpu(monkeypatch):
     assert os.path.isfile(os.path.join(argv[4], "arealite_vllm_worker.py"))  # the worker extension's folder
     flags = {argv[i]: argv[i + 1] for i in range(5, len(argv) - 1) if argv[i].startswith("--")}
     assert flags["--worker-extension-cls"] == "arealite_vllm_worker.ArealiteWorker"
+    assert json.loads(flags["--weight-transfer-config"]) == {"backend": "arealite"}  # arealite's engine (vllm_ext)
     assert flags["--model"] == "/m" and flags["--host"] == "127.0.0.1" and flags["--port"] == "1234"
     assert flags["--seed"] == "7" and flags["--max-num-seqs"] == "5" and flags["--max-model-len"] == "512"
     assert flags["--dtype"] == "float32" and flags["--logprobs-mode"] == "processed_logprobs"
@@ -73,12 +77,32 @@ def test_vllm_command_from_the_config_on_a_cpu(monkeypatch):
     assert argv[-2:] == ["--max-logprobs", "0"]
 
 
-def test_vllm_command_refuses_what_the_vllm_client_cannot_do():
-    with pytest.raises(ConfigError, match="weight_update=distributed is not supported with server.backend=vllm"):
-        server_command(_config("actor.path=/m", "server.backend=vllm", "weight_update=distributed"), "h", 1, "vllm")
+def test_vllm_command_refuses_what_the_vllm_client_cannot_do(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cmd = server_command(_config("actor.path=/m", "server.backend=vllm", "weight_update=distributed"), "h", 1, "vllm")
+    assert "--weight-transfer-config" in cmd
+    with pytest.raises(ConfigError, match="weight_update=lora is not supported with server.backend=vllm"):
+        cfg = _config("actor.path=/m", "server.backend=vllm", "weight_update=lora", "actor.lora.rank=4")
+        server_command(cfg, "h", 1, "vllm")
+    cfg = _config("actor.path=/m", "server.backend=vllm", "weight_update=distributed", "launcher.gpus_per_server=2")
+    with pytest.raises(ConfigError, match="needs launcher.gpus_per_server=1"):
+        server_command(cfg, "h", 1, "vllm")
     cfg = _config("actor.path=/m", "server.backend=vllm", "weight_update=disk", "server.deterministic=true")
     with pytest.raises(ConfigError, match="server.deterministic=true is not supported with server.backend=vllm"):
         server_command(cfg, "h", 1, "vllm")
+
+
+def test_the_names_vllm_ext_registers_are_the_ones_the_launcher_and_client_use():
+    """The launcher cannot import the rollout client or vllm_ext (vLLM's environment), so the
+    worker extension's and the weight-transfer engine's names are written in each place."""
+    from arealite.rollout.vllm_protocol import WORKER_EXTENSION
+
+    assert server_cmd.VLLM_WORKER_EXTENSION == WORKER_EXTENSION
+    module, cls = WORKER_EXTENSION.split(".")
+    tree = ast.parse(open(os.path.join(server_cmd.VLLM_EXTENSION_DIR, f"{module}.py")).read())
+    names = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if hasattr(t, "id")}
+    assert cls in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    assert names["ENGINE_NAME"].value == server_cmd.VLLM_TRANSFER_ENGINE
 
 
 def test_auto_backend_follows_visible_gpus(monkeypatch):

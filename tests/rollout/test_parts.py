@@ -14,6 +14,7 @@ from arealite.rollout.generation import SampleGenerator
 from arealite.rollout.health import HealthMonitor
 from arealite.rollout.remote_sglang import RemoteSGLangEngine
 from arealite.rollout.servers import ServerPool
+from arealite.rollout.vllm_protocol import VLLMProtocol
 from arealite.rollout.weight_update import WeightUpdater
 from arealite.types import ModelRequest, WeightUpdateMeta
 from tests.rollout.fakes import FakeTransport
@@ -21,11 +22,11 @@ from tests.rollout.fakes import FakeTransport
 A, B = "127.0.0.1:1", "127.0.0.1:2"
 
 
-def _parts(replies=None, **config):
+def _parts(replies=None, server_protocol=None, **config):
     config = InferenceEngineConfig(**config)
     transport, pool, gate = FakeTransport(replies), ServerPool([A, B]), VersionGate()
     health = HealthMonitor(transport, pool, gate, config, rejoin=None)
-    return transport, pool, gate, health, WeightUpdater(transport, pool, config, health), config
+    return transport, pool, gate, health, WeightUpdater(transport, pool, config, health, server_protocol), config
 
 
 def _run(coro):
@@ -54,6 +55,52 @@ def test_distributed_update_sends_each_bucket_in_order_and_flushes_after_the_las
     assert [c.body["flush_cache"] for c in calls] == [False, False, True, True]
     assert calls[-1].body["dtypes"] == ["bfloat16"] and calls[-1].body["shapes"] == [[3, 4]]
     assert {c.body["group_name"] for c in calls} == {"g"}
+
+
+def test_a_vllm_distributed_update_wraps_the_buckets_in_start_and_finish():
+    """vLLM's weight-transfer routes, each server in order: join once; start, one /update_weights per
+    bucket (vLLM's `dtype_names`), finish with the version. A server whose start fails gets nothing
+    more, the other goes on, and the error names it."""
+    transport, _, _, _, weights, _ = _parts(
+        {(B, "/start_weight_update"): (500, {"error": {"message": "no weight-update group"}})}, VLLMProtocol()
+    )
+    meta = WeightUpdateMeta(type="distributed", master_port=7, group_name="g", timeout=9.0, version=5)
+    _run(weights.ainit_group(meta))
+    joins = transport.to("/init_weight_transfer_engine")
+    assert [(c.address, c.body["init_info"]["rank_offset"]) for c in joins] == [(A, 1), (B, 2)]
+    assert joins[0].body["init_info"] == {
+        "master_address": "127.0.0.1", "master_port": 7, "rank_offset": 1, "world_size": 3, "group_name": "g",
+        "backend": "gloo", "timeout": 9.0,
+    }  # fmt: skip
+    buckets = [[("a", torch.float32, (2,))], [("b", torch.bfloat16, (3, 4))]]
+    transport.calls.clear()
+    with pytest.raises(WeightUpdateError, match=r"failed on \['127.0.0.1:2'\].*no weight-update group"):
+        _run(weights.aupdate(WeightUpdateMeta(type="distributed", version=5, group_name="g", buckets=buckets)))
+    assert [c.path for c in transport.calls if c.address == B] == ["/collective_rpc", "/start_weight_update"]
+    to_a = [(c.path, c.body) for c in transport.calls if c.address == A]
+    assert to_a == [
+        ("/collective_rpc", {"method": "arealite_close_weight_update"}),  # one a dead trainer left open
+        ("/start_weight_update", None),
+        ("/update_weights", {"update_info": {"names": ["a"], "dtype_names": ["float32"], "shapes": [[2]]}}),
+        ("/update_weights", {"update_info": {"names": ["b"], "dtype_names": ["bfloat16"], "shapes": [[3, 4]]}}),
+        ("/finish_weight_update", {"weight_version": "5"}),
+    ]
+
+    async def leave() -> None:
+        await weights.aleave_group()
+        await asyncio.sleep(0.01)  # its calls go out without being awaited
+
+    _run(leave())
+    assert sorted(c.address for c in transport.to("/shutdown_weight_transfer_engine")) == [A, B]
+
+
+def test_a_vllm_server_out_of_rotation_is_paused_around_the_broadcast():
+    """A server back after a failure awaits the next broadcast out of rotation, so it was not paused
+    with the rest; vLLM does not serialize a reload with generation, so the client pauses it."""
+    paths = [path for path, _ in VLLMProtocol().distributed_calls(WeightUpdateMeta(version=2), False, False).before]
+    assert paths == ["/pause?mode=abort&clear_cache=true", "/collective_rpc", "/start_weight_update"]
+    after = VLLMProtocol().distributed_calls(WeightUpdateMeta(version=2), False, False).after
+    assert after == [("/finish_weight_update", {"weight_version": "2"}), ("/resume", None)]
 
 
 def test_a_server_that_dies_during_an_update_leaves_the_rotation():

@@ -150,8 +150,8 @@ def test_bad_input_gets_a_clear_error(vllm_server):
             engine.loop.run(engine.agenerate(ModelRequest(rid="r", input_ids=[])))
         with pytest.raises(GenerationError, match=r"(?s)returned 400: .*token_ids must not contain negative"):
             engine.loop.run(engine.agenerate(ModelRequest(rid="r", input_ids=[-3])))
-        meta = WeightUpdateMeta(type="distributed", version=1, buckets=[[("w", torch.float32, (1,))]])
-        with pytest.raises(WeightUpdateError, match=r"weight_update=distributed is not supported with a vLLM server"):
+        meta = WeightUpdateMeta(type="lora", path="/nowhere", lora_name="a", version=1)
+        with pytest.raises(WeightUpdateError, match=r"weight_update=lora is not supported with a vLLM server"):
             engine.update_weights(meta).result(timeout=60)
         # the server still serves
         assert engine.loop.run(engine.agenerate(_request(max_new_tokens=2))).output_len >= 1
