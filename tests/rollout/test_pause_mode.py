@@ -224,7 +224,10 @@ def test_update_bodies_follow_pause_mode(mode):
     meta = WeightUpdateMeta(type="distributed", version=3, buckets=buckets)
     [(path, disk)] = engine.weights._protocol.disk_update_calls("/w", 3, engine.weights._keeps_requests, True)
     assert path == "/update_weights_from_disk" and disk["model_path"] == "/w"
-    dist = [engine.weights._distributed_body(meta, i) for i in range(2)]
+    plan = engine.weights._protocol.distributed_calls(meta, engine.weights._keeps_requests, True)
+    assert not plan.before and not plan.after  # SGLang serializes an update with generation
+    assert [path for path, _ in plan.buckets] == ["/update_weights_from_distributed"] * 2
+    dist = [body for _, body in plan.buckets]
     if mode == "abort":
         assert disk["abort_all_requests"] is True and "flush_cache" not in disk
         assert [b["flush_cache"] for b in dist] == [False, True] and all(b["abort_all_requests"] for b in dist)
