@@ -12,6 +12,10 @@ named by the usual environment variables (`HTTP_PROXY`, `NO_PROXY`, ...) are hon
 once per address (aiohttp's `trust_env` reads them on every request, in a worker thread).
 `abandon(address)` cancels the requests in flight to a server at once (the rollout client's
 `ServerPool` calls it when the server leaves the rotation): they raise TransientServerError.
+
+A request that finds its kept-alive connection closed before any reply is sent once more on a
+new connection, whatever its method (servers may close one right after answering on it, as
+vLLM does after a failed weight-transfer route: docs/protocol.md §11.4).
 """
 
 from __future__ import annotations
@@ -51,7 +55,10 @@ class Transport:
         import aiohttp
 
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)  # limit=0: no cap in flight
-        self._session = aiohttp.ClientSession(connector=connector)
+        reuse = aiohttp.TraceConfig()  # marks a request sent on a kept-alive connection (module docstring)
+        reuse.on_connection_reuseconn.append(_mark_reused)
+        reuse.on_connection_create_end.append(_mark_new)
+        self._session = aiohttp.ClientSession(connector=connector, trace_configs=[reuse])
 
     async def close(self) -> None:
         if self._session is not None:
@@ -98,10 +105,27 @@ class Transport:
         flight = self._flight.setdefault(address, set())
         flight.add(task)
         try:
-            async with self._session.request(
-                method, url, data=data, headers=headers, proxy=proxy, timeout=aiohttp.ClientTimeout(timeout)
-            ) as response:
-                status, raw = response.status, await response.read()
+            for attempt in (1, 2):
+                sent: dict[str, bool] = {}
+                try:
+                    async with self._session.request(
+                        method,
+                        url,
+                        data=data,
+                        headers=headers,
+                        proxy=proxy,
+                        timeout=aiohttp.ClientTimeout(timeout),
+                        trace_request_ctx=sent,
+                    ) as response:
+                        sent["answered"] = True
+                        status, raw = response.status, await response.read()
+                    break
+                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                    # the server closed the kept-alive connection without reading this request (uvicorn
+                    # does so after an escaped exception's 500): safe to send again, as aiohttp does
+                    # only for idempotent methods; not when the connection was new or a reply began
+                    if attempt == 2 or not sent.get("reused") or sent.get("answered"):
+                        raise
         except asyncio.CancelledError:
             reason = self._abandoned.pop(task, None)
             if reason is None or _uncancel(task) > 0:  # cancelled by its caller (too): stays cancelled
@@ -132,6 +156,16 @@ class Transport:
         proxy = None if bypass else urllib.request.getproxies().get(parts.scheme)
         self._proxies[address] = proxy
         return proxy
+
+
+async def _mark_reused(session: Any, context: Any, params: Any) -> None:
+    if isinstance(context.trace_request_ctx, dict):
+        context.trace_request_ctx["reused"] = True
+
+
+async def _mark_new(session: Any, context: Any, params: Any) -> None:  # aiohttp's own retry of a GET
+    if isinstance(context.trace_request_ctx, dict):
+        context.trace_request_ctx["reused"] = False
 
 
 def _uncancel(task: asyncio.Task) -> int:

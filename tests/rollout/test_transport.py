@@ -212,6 +212,52 @@ def test_timeouts_cancellation_and_bad_replies_are_transient_errors():
     run(main())
 
 
+def test_a_request_on_a_connection_the_server_dropped_after_answering_goes_once_more_on_a_new_one():
+    """uvicorn closes a connection right after a 500 from an escaped exception, without saying
+    so (vLLM's failed weight-transfer routes): the next request, a POST (aiohttp retries only
+    idempotent methods), is sent again on a new connection. Not retried: a disconnect on a new
+    connection, and a reply cut short (the server had read the request)."""
+    hits: dict[bytes, int] = {}
+    dropped: set = set()  # connections that answered /boom: closed at their next request, unanswered
+    connections: set = set()
+
+    async def handler(writer, path, n) -> bool:
+        connections.add(writer)
+        hits[path] = hits.get(path, 0) + 1
+        if writer in dropped or path == b"/drop":
+            return False
+        if path == b"/boom":
+            dropped.add(writer)
+            writer.write(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nboom")
+        elif path == b"/short":
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+            return False
+        else:
+            writer.write(ok_reply(b'{"path": "%s"}' % path))
+        await writer.drain()
+        return True
+
+    async def main() -> None:
+        server, address = await start_raw(handler)
+        try:
+            async with Transport() as transport:
+                with pytest.raises(TransientServerError, match="POST /boom returned 500: boom"):
+                    await transport.request("POST", address, "/boom", {}, timeout=10)
+                assert await transport.request("POST", address, "/resume", {}, timeout=10) == (200, {"path": "/resume"})
+                assert (hits[b"/resume"], len(connections)) == (2, 2)  # read and dropped, then answered
+                with pytest.raises(TransientServerError, match="POST /short failed"):  # on the kept connection
+                    await transport.request("POST", address, "/short", {}, timeout=10)
+                assert (hits[b"/short"], len(connections)) == (1, 2)
+            async with Transport() as transport:  # nothing kept: a new connection, not retried
+                with pytest.raises(TransientServerError, match="POST /drop failed: ServerDisconnectedError"):
+                    await transport.request("POST", address, "/drop", {}, timeout=10)
+                assert (hits[b"/drop"], len(connections)) == (1, 3)
+        finally:
+            server.close()
+
+    run(main())
+
+
 def test_connection_refused_and_a_closed_client_are_clear_errors():
     async def main() -> None:
         transport = Transport()
