@@ -29,9 +29,11 @@ from arealite.devices import check_gpus_for_ranks, requested_train_device
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, stop_all
 from arealite.launcher.server_cmd import (
+    ENGINE_NAMES,
     judge_server_command,
     resolve_backend,
     server_command,
+    servers_use_gpus,
     teacher_server_command,
     visible_gpus,
 )
@@ -45,15 +47,17 @@ POLL_INTERVAL = 0.5  # seconds between supervision steps
 
 
 def allocate_gpus(config: GRPOConfig, backend: str) -> tuple[list[list[str]], list[str]] | None:
-    """GPU ids per SGLang server and for the trainer, or None when the servers run on CPU."""
-    if backend != "sglang":
+    """GPU ids per server and for the trainer (SGLang, or vLLM where GPUs are visible:
+    `servers_use_gpus`), or None when the servers run on CPU."""
+    gpus = visible_gpus()
+    if not servers_use_gpus(backend, bool(gpus)):
         return None
     launcher = config.launcher
-    gpus = visible_gpus()
     need = launcher.n_servers * launcher.gpus_per_server + launcher.n_trainers
     if len(gpus) < need:
         raise ConfigError(
-            f"{launcher.n_servers} SGLang servers x launcher.gpus_per_server={launcher.gpus_per_server} plus "
+            f"{launcher.n_servers} {ENGINE_NAMES[backend]} servers x launcher.gpus_per_server="
+            f"{launcher.gpus_per_server} plus "
             f"launcher.n_trainers={launcher.n_trainers} need {need} GPUs, but {len(gpus)} are visible; "
             "lower those values or set server.backend=builtin"
         )

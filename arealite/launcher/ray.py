@@ -29,7 +29,7 @@ from arealite.config import GRPOConfig
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.local import POLL_INTERVAL
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, with_package_path
-from arealite.launcher.server_cmd import server_command
+from arealite.launcher.server_cmd import server_command, servers_use_gpus
 from arealite.launcher.signals import reclaim_signals, signals_ignored
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, prepare_run_dir, record_process
 from arealite.utils import net
@@ -128,10 +128,11 @@ class TrainerActor:
             self.proc.stop()
 
 
-def placement_bundles(config: GRPOConfig, backend: str) -> list[dict[str, float]]:
-    """One bundle per server, then one per trainer rank; GPUs only when the servers are SGLang."""
+def placement_bundles(config: GRPOConfig, backend: str, cluster_gpus: bool) -> list[dict[str, float]]:
+    """One bundle per server, then one per trainer rank; GPUs when the servers take them
+    (`servers_use_gpus`: SGLang, or vLLM on a cluster with GPUs)."""
     launcher = config.launcher
-    gpu = backend == "sglang"
+    gpu = servers_use_gpus(backend, cluster_gpus)
     server = {"CPU": launcher.cpus_per_server, **({"GPU": launcher.gpus_per_server} if gpu else {})}
     trainer = {"CPU": launcher.cpus_per_trainer, **({"GPU": 1} if gpu else {})}
     return [dict(server) for _ in range(launcher.n_servers)] + [dict(trainer) for _ in range(launcher.n_trainers)]
@@ -160,6 +161,7 @@ class RayRun:
         self.trainers: list = []
         self.nodes: list[str] = []  # each rank's node address
         self.restarts = [0] * self.config.launcher.n_servers  # restarts seen so far, per server
+        self.on_gpus = False  # servers and trainer ranks get GPUs (placement_bundles)
 
     def connect(self) -> str:
         """Join the configured cluster, or start a local one; the host servers bind to."""
@@ -186,7 +188,9 @@ class RayRun:
 
     def reserve(self, backend: str) -> None:
         launcher = self.config.launcher
-        bundles = placement_bundles(self.config, backend)
+        cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        self.on_gpus = servers_use_gpus(backend, cluster_gpus)
+        bundles = placement_bundles(self.config, backend, cluster_gpus)
         self.pg = placement_group(bundles, strategy="PACK")
         try:
             ray.get(self.pg.ready(), timeout=launcher.server_start_timeout)
@@ -203,7 +207,7 @@ class RayRun:
 
     def start_servers(self, backend: str, host: str) -> list[str]:
         launcher = self.config.launcher
-        gpus = launcher.gpus_per_server if backend == "sglang" else 0
+        gpus = launcher.gpus_per_server if self.on_gpus else 0
         for i in range(launcher.n_servers):
             actor = self._in_bundle(ServerActor, i, launcher.cpus_per_server, gpus).remote(
                 self.config, i, backend, self.run_dir, host or None
@@ -227,7 +231,7 @@ class RayRun:
         n = launcher.n_trainers
         for rank in range(n):
             index = launcher.n_servers + rank
-            actor = self._in_bundle(TrainerActor, index, launcher.cpus_per_trainer, 1 if backend == "sglang" else 0)
+            actor = self._in_bundle(TrainerActor, index, launcher.cpus_per_trainer, 1 if self.on_gpus else 0)
             self.trainers.append(actor.remote(rank, self.run_dir, host or None))
         nodes = self.nodes = _get([t.node.remote() for t in self.trainers], "trainer placement")
         master_port = _get(self.trainers[0].free_port.remote(), "trainer rank 0")

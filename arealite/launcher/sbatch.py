@@ -14,6 +14,7 @@ import sys
 
 from arealite.config import GRPOConfig
 from arealite.launcher.process import with_package_path
+from arealite.launcher.server_cmd import servers_use_gpus
 from arealite.utils import net
 
 
@@ -38,12 +39,21 @@ def _preamble(config: GRPOConfig, cwd: str) -> list[str]:
     ]
 
 
-def servers_script(config: GRPOConfig, backend: str, run_dir: str, cwd: str, python: str = sys.executable) -> str:
-    """The sbatch script that runs the setup commands, then every server as one job step."""
+def servers_script(
+    config: GRPOConfig,
+    backend: str,
+    run_dir: str,
+    cwd: str,
+    python: str = sys.executable,
+    *,
+    gpus_visible: bool = False,
+) -> str:
+    """The sbatch script that runs the setup commands, then every server as one job step; GPUs
+    per task when the servers take them (`servers_use_gpus`; `gpus_visible`: the submitting host's)."""
     launcher = config.launcher
     lines = _header(config, "servers", run_dir)
     lines += [f"#SBATCH --ntasks={launcher.n_servers}", f"#SBATCH --cpus-per-task={launcher.cpus_per_server}"]
-    if backend == "sglang":
+    if servers_use_gpus(backend, gpus_visible):
         lines.append(f"#SBATCH --gpus-per-task={launcher.gpus_per_server}")
     lines += [f"#SBATCH {arg}" for arg in launcher.slurm_sbatch_args]
     lines += _preamble(config, cwd)
@@ -74,16 +84,25 @@ def _wait_for_addresses(n_servers: int, run_dir: str, timeout: float) -> list[st
 
 
 def trainer_script(
-    config: GRPOConfig, backend: str, run_dir: str, cwd: str, script: str, args: list[str], python: str = sys.executable
+    config: GRPOConfig,
+    backend: str,
+    run_dir: str,
+    cwd: str,
+    script: str,
+    args: list[str],
+    python: str = sys.executable,
+    *,
+    gpus_visible: bool = False,
 ) -> str:
-    """The sbatch script that runs SCRIPT under `srun torchrun` across `trainer_nodes` nodes."""
+    """The sbatch script that runs SCRIPT under `srun torchrun` across `trainer_nodes` nodes, a
+    GPU per rank when the servers take GPUs (as `servers_script`)."""
     launcher = config.launcher
     nodes = launcher.trainer_nodes
     per_node = launcher.n_trainers // nodes
     lines = _header(config, "trainer", run_dir)
     lines += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1"]
     lines.append(f"#SBATCH --cpus-per-task={per_node * launcher.cpus_per_trainer}")
-    if backend == "sglang":
+    if servers_use_gpus(backend, gpus_visible):
         lines.append(f"#SBATCH --gpus-per-node={per_node}")
     lines += [f"#SBATCH {arg}" for arg in launcher.slurm_sbatch_args]
     lines += _preamble(config, cwd)

