@@ -18,10 +18,12 @@ from arealite.types import ModelRequest
 pytestmark = pytest.mark.timeout(120)
 STALL_S = 1.0
 PROBE_S = 2.0  # rollout.health_check_timeout: the diagnostic probes each server at most this long
-# docs/reliability.md: raised at 2 x stall_timeout, plus the diagnostic's probes (at most
-# health_check_timeout; milliseconds here, where every server answers), plus 1 s of
-# scheduling slack for a loaded machine.
-RAISE_BOUND_S = 2 * STALL_S + 1.0
+# docs/reliability.md: raised at 2 x stall_timeout (the watchdog's own clock; the one warning
+# below pins the period), plus the diagnostic's probes (at most health_check_timeout). The upper
+# bound only tells the watchdog's raise from a later timeout's (request_timeout 60 s), with slack
+# for a 2-core machine busy with the suite's other workers, where a raise has come a whole
+# stall_timeout late.
+RAISE_BOUND_S = 2 * STALL_S + PROBE_S + 15.0
 
 
 class GenerateOnce:
