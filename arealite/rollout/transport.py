@@ -47,6 +47,7 @@ class Transport:
 
     def __init__(self) -> None:
         self._session: Any = None  # aiohttp.ClientSession once open
+        self._fresh: Any = None  # one that never reuses a connection: for the retry below
         self._flight: dict[str, set[asyncio.Task]] = {}  # by address: the tasks waiting on a reply
         self._abandoned: dict[asyncio.Task, str] = {}  # cancelled by abandon(), with the reason
         self._proxies: dict[str, str | None] = {}  # by address: its proxy from the environment, if any
@@ -59,11 +60,13 @@ class Transport:
         reuse.on_connection_reuseconn.append(_mark_reused)
         reuse.on_connection_create_end.append(_mark_new)
         self._session = aiohttp.ClientSession(connector=connector, trace_configs=[reuse])
+        self._fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
-            self._session = None
+            await self._fresh.close()
+            self._session = self._fresh = None
 
     async def __aenter__(self) -> Transport:
         await self.open()
@@ -105,10 +108,10 @@ class Transport:
         flight = self._flight.setdefault(address, set())
         flight.add(task)
         try:
-            for attempt in (1, 2):
+            for session in (self._session, self._fresh):
                 sent: dict[str, bool] = {}
                 try:
-                    async with self._session.request(
+                    async with session.request(
                         method,
                         url,
                         data=data,
@@ -122,9 +125,11 @@ class Transport:
                     break
                 except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                     # the server closed the kept-alive connection without reading this request (uvicorn
-                    # does so after an escaped exception's 500): safe to send again, as aiohttp does
-                    # only for idempotent methods; not when the connection was new or a reply began
-                    if attempt == 2 or not sent.get("reused") or sent.get("answered"):
+                    # does so after an escaped exception's 500; vLLM's pooled connections after a weight
+                    # sync): safe to send again, as aiohttp does only for idempotent methods; not when the
+                    # connection was new or a reply began. The retry opens a connection of its own: the
+                    # pool may hold more closed ones
+                    if session is self._fresh or not sent.get("reused") or sent.get("answered"):
                         raise
         except asyncio.CancelledError:
             reason = self._abandoned.pop(task, None)
