@@ -68,6 +68,10 @@ VLLM_EXTENSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v
 # the rollout client repeats the first (vllm_protocol.WORKER_EXTENSION) and a test holds them equal
 VLLM_WORKER_EXTENSION = "arealite_vllm_worker.ArealiteWorker"
 VLLM_TRANSFER_ENGINE = "arealite"
+# Seconds vLLM keeps an idle connection: the rollout client's (rollout/transport.KEEPALIVE_S; a test
+# holds them equal) instead of vLLM's 5, which closes the client's pooled connections during every
+# training step; the client then meets them closed at the next batch and sends each request twice.
+VLLM_KEEPALIVE_S = 600
 
 
 def vllm_python(configured: str = "") -> str:
@@ -102,10 +106,13 @@ def vllm_command(
       the path of vLLM's isolated (`-I`) interpreter, and runs vLLM's server module as `-m` would;
     - `--weight-transfer-config`: arealite's weight-transfer engine (vllm_ext/arealite_vllm_transfer.py,
       registered by the worker extension's import) for distributed syncs over the trainer's group;
+    - `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`: idle connections kept as long as the client keeps them
+      (`VLLM_KEEPALIVE_S`; a value in the environment wins);
     - on a CPU: `--enforce-eager` (no compile warm-up: a faster start), no chunked prefill (see
       below), and vLLM's threads left to OpenMP's defaults instead of one core per server.
     """
-    env = ["env", "VLLM_SERVER_DEV_MODE=1"]
+    keepalive = os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", str(VLLM_KEEPALIVE_S))
+    env = ["env", "VLLM_SERVER_DEV_MODE=1", f"VLLM_HTTP_TIMEOUT_KEEP_ALIVE={keepalive}"]
     if cpu:
         # vLLM pins its compute to a single core per server unless told; the launcher reserves the cores
         kv_gib = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM's CPU default (4 GiB) is more than a test needs

@@ -14,6 +14,7 @@ import pytest
 from arealite.config import ConfigError, GRPOConfig, load_config
 from arealite.launcher import server_cmd
 from arealite.launcher.server_cmd import model_path, resolve_backend, server_command
+from arealite.rollout.transport import KEEPALIVE_S
 from arealite.utils import net
 
 
@@ -57,6 +58,7 @@ def test_vllm_command_from_the_config_on_a_cpu(monkeypatch):
     """server.backend=vllm: vLLM's own server from its environment's Python, its RL routes on,
     the server settings in vLLM's flag names; float32 for dtype=auto on a CPU (vLLM's auto is bf16)."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", raising=False)
     cfg = _config(
         "actor.path=/m", "server.backend=vllm", "weight_update=disk", "server.vllm_python=/venv/bin/python",
         "server.random_seed=7", "server.max_running_requests=5", "server.context_length=512",
@@ -65,6 +67,8 @@ def test_vllm_command_from_the_config_on_a_cpu(monkeypatch):
     cmd = server_command(cfg, "127.0.0.1", 1234, resolve_backend(cfg.server))
     env, argv = cmd[: cmd.index("/venv/bin/python")], cmd[cmd.index("/venv/bin/python") :]
     assert env[0] == "env" and "VLLM_SERVER_DEV_MODE=1" in env
+    # idle connections kept as long as the rollout client keeps them (vLLM's own default: 5 s)
+    assert f"VLLM_HTTP_TIMEOUT_KEEP_ALIVE={int(KEEPALIVE_S)}" in env
     assert argv[:3] == ["/venv/bin/python", "-I", "-c"] and "vllm.entrypoints.openai.api_server" in argv[3]
     assert os.path.isfile(os.path.join(argv[4], "arealite_vllm_worker.py"))  # the worker extension's folder
     flags = {argv[i]: argv[i + 1] for i in range(5, len(argv) - 1) if argv[i].startswith("--")}
