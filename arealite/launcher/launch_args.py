@@ -11,12 +11,13 @@ for a bad command line or config (`ConfigError`); 128+N after signal N (SIGINT, 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from arealite.config import ConfigError, GRPOConfig, load_config
-from arealite.launcher.signals import Interrupted, raising_on_signals
+from arealite.launcher.signals import Interrupted, raising_on_signals, received
 from arealite.launcher.supervision import LaunchError, log
 
 USAGE = "usage: python -m arealite.launcher.{name} {options}SCRIPT --config CFG.yaml [key=value ...]"
@@ -81,7 +82,8 @@ def run_launcher(
 
 
 def exit_code(run: Callable[[], int], failed: str, interrupted: str) -> int:
-    """`run()` with SIGINT/SIGTERM raising `Interrupted`; its status, 1 on LaunchError, 128+N on signal N.
+    """`run()` with SIGINT/SIGTERM raising `Interrupted`; its status, 1 on LaunchError, 128+N on signal N
+    (also when a library caught the Interrupted and raised its own error: `signals.received`).
 
     The LaunchError is logged as `failed: <error>`, the signal as `interrupted` with `{}`
     replaced by the signal's name. A ConfigError propagates to the caller.
@@ -95,3 +97,9 @@ def exit_code(run: Callable[[], int], failed: str, interrupted: str) -> int:
     except Interrupted as e:
         log(interrupted.format(e))
         return 128 + e.signum
+    except Exception as e:
+        signum = received()  # the signal came as another error (signals.received)
+        if signum is None:
+            raise
+        log(interrupted.format(f"{signal.Signals(signum).name} (as {type(e).__name__})"))
+        return 128 + signum

@@ -23,8 +23,19 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+_received: list[int] = []  # the signals `_raise_interrupted` turned into Interrupted, in this block
+
+
 def _raise_interrupted(signum: int, frame: object) -> None:
+    _received.append(signum)
     raise Interrupted(signum)
+
+
+def received() -> int | None:
+    """The last signal raised as `Interrupted` inside the current `raising_on_signals` block.
+    A library can catch Interrupted where it lands and raise its own error instead (Ray does,
+    when the signal arrives while `ray.get` deserializes a reply); the launcher reads this."""
+    return _received[-1] if _received else None
 
 
 @contextlib.contextmanager
@@ -42,6 +53,7 @@ def _handlers(handler) -> Iterator[None]:
 
 def raising_on_signals() -> contextlib.AbstractContextManager[None]:
     """Within the block, SIGINT/SIGTERM raise `Interrupted`."""
+    _received.clear()
     return _handlers(_raise_interrupted)
 
 

@@ -51,3 +51,27 @@ def test_children_die_with_a_killed_launcher(tmp_path):
 def test_exit_status_and_description():
     assert exit_status(3) == 3 and exit_status(-9) == 137
     assert describe_exit(-9) == "was killed by SIGKILL" and describe_exit(2) == "exited with code 2"
+
+
+def test_a_signal_a_library_turned_into_its_own_error_still_exits_128_plus_n(capsys):
+    """SIGTERM while Ray's `ray.get` deserializes a reply: Ray catches the launcher's Interrupted
+    and raises its own RaySystemError. The launcher still exits 143 and says why; an error with
+    no signal behind it still propagates."""
+    import pytest
+
+    from arealite.launcher.launch_args import exit_code
+    from arealite.launcher.signals import Interrupted
+
+    def wrapped_by_a_library() -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)  # the handler raises Interrupted here
+        except Interrupted as e:
+            raise RuntimeError(f"System error: {e}") from None
+        return 0
+
+    assert exit_code(wrapped_by_a_library, "run failed", "{} received; stopping") == 128 + signal.SIGTERM
+    assert "SIGTERM (as RuntimeError) received; stopping" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="no signal"):  # a later block starts clean
+        exit_code(lambda: (_ for _ in ()).throw(ValueError("no signal")), "run failed", "{} received")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
