@@ -190,10 +190,11 @@ class PPOActorConfig(TrainEngineConfig):
     )
     rollout_rs: RolloutRejectionLevel = setting(
         "none",
-        "rollout correction, masked importance sampling (MIS / rejection): none | token (tokens with w > "
+        "rollout correction, rejection sampling (a mask, no weight): none | token (tokens with w > "
         "rollout_rs_cap or < rollout_rs_cap_low leave the loss) | sequence (sequences whose prod of w is out "
         "of those bounds leave it) | geometric (the same with the geometric mean of the sequence's w); "
-        "dropped tokens stay in the aggregation's denominator; docs/algorithms.md maps verl's, TRL's, "
+        "rejected tokens stay in the aggregation's denominator (verl's rollout_rs takes them out of its "
+        "loss mask, so there the kept tokens weigh more); docs/algorithms.md maps verl's, TRL's, "
         "SkyRL's and OpenRLHF's modes onto these",
     )
     rollout_rs_cap: float = setting(2.0, "the upper threshold of rollout_rs")

@@ -54,3 +54,20 @@ def test_bad_trust_region_is_refused():
         TrustRegion("js")
     with pytest.raises(ValueError, match="TrustRegion.low=0"):
         TrustRegion("tv", low=0)
+
+
+def test_kl_region_measures_the_kl_from_the_proximal_policy():
+    # KL(q || p) with q the proximal probability, as the paper's; KL(p || q) differs: for the pair
+    # (0.9, 0.5) one direction is 0.368, the other 0.511, and a bound of 0.45 between them keeps
+    # the token under one and masks it under the other
+    def kl(a, b):
+        return a * math.log(a / b) + (1 - a) * math.log((1 - a) / (1 - b))
+
+    q = torch.tensor([0.9, 0.5], dtype=torch.float64)  # proximal
+    p = torch.tensor([0.5, 0.9], dtype=torch.float64)  # current: fell on token 0, rose on token 1
+    adv = torch.tensor([-1.0, 1.0], dtype=torch.float64)  # each moved in its advantage's direction
+    bound = 0.45
+    assert kl(0.9, 0.5) < bound < kl(0.5, 0.9)
+    keep, _ = trust_region_keep(p.log(), q.log(), adv, torch.ones(2, dtype=torch.bool),
+                                TrustRegion("kl", low=bound, high=bound))  # fmt: skip
+    assert keep.tolist() == [True, False]  # KL(q||p): 0.368 for token 0 (kept), 0.511 for token 1 (masked)

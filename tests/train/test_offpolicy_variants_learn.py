@@ -42,7 +42,7 @@ VARIANTS = {
     "dppo_tv": (dict(policy_loss="dppo", trust_region="tv", trust_region_low=0.02, trust_region_high=0.02),
                 {"trust_region_masked_frac": "some"}),
     "tis_token": (dict(rollout_is="token", rollout_is_cap=1.05), {"rollout_is_clipped_frac": "some"}),
-    "mis_geometric": (dict(rollout_rs="geometric", rollout_rs_cap=1.1, rollout_rs_cap_low=0.9),
+    "rs_geometric": (dict(rollout_rs="geometric", rollout_rs_cap=1.1, rollout_rs_cap_low=0.9),
                       {"rollout_rs_masked_frac": "some"}),
     "icepop": (dict(use_decoupled_loss=True, rollout_rs="token", rollout_rs_cap=1.5, rollout_rs_cap_low=0.6),
                {"rollout_rs_masked_frac": "some"}),
