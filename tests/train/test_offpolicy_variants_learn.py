@@ -5,11 +5,17 @@ behaviour, proximal and current policies all differ and ratios, clips, weights a
 
 The task: 8 random prompts x 8 samples of 8 tokens from a random tiny model, rewarded by the
 fraction of even token ids (tests/e2e/varied_reward.py: variance in every group from the
-start). The mean batch reward must rise by a clear margin; a flipped policy-gradient sign
-pushes it down. Each variant also shows, in the step stats, that its own mechanism acted on
-these batches (its clip, truncation, mask or trust region hit some tokens and not all), so an
-actor that skipped the mechanism would fail here even if the reward still rose. The unit and
-binding tests (tests/algo, tests/train/test_actor_loss_binding.py) check each formula exactly.
+start). The mean batch reward must rise by a clear margin; with the policy-gradient sign
+flipped every variant fails. Each variant also shows, in the step stats, that its mechanism's
+statistic moved on these batches (its clip, truncation, mask or trust region hit some tokens
+and not all), so the setup exercises what the variant is about.
+
+What this test does not show is that a variant's formula is right. With its distinctive piece
+removed (SAPO's gate, GSPO's sequence ratio, CISPO's weight, DPPO's trust region, the TIS
+factor, the geometric or IcePop mask) each variant still learns this task and still reports
+its statistic, so it passes here. Those removals fail the tests that check each formula
+against a loop written from its definition: tests/algo (the pure functions) and
+tests/train/test_actor_loss_binding.py (the same, set through `PPOActorConfig`, in the actor).
 
 In process (the PPOActor and a transformers copy as the sampler, no server): a few seconds a
 variant. Sampling is seeded; no timing is asserted.
