@@ -11,9 +11,10 @@ statistic moved on these batches (its clip, truncation, mask or trust region hit
 and not all), so the setup exercises what the variant is about.
 
 What this test does not show is that a variant's formula is right. With its distinctive piece
-removed (SAPO's gate, GSPO's sequence ratio, CISPO's weight, DPPO's trust region, the TIS
-factor, the geometric or IcePop mask) each variant still learns this task and still reports
-its statistic, so it passes here. Those removals fail the tests that check each formula
+taken out of the loss while its statistic is still computed (SAPO's gate, GSPO's sequence
+ratio, CISPO's weight, DPPO's trust region, the TIS factor, the geometric or IcePop mask),
+each variant still learns this task and passes here; only a removal that also zeroes the
+statistic fails the statistic's check. Those removals fail the tests that check each formula
 against a loop written from its definition: tests/algo (the pure functions) and
 tests/train/test_actor_loss_binding.py (the same, set through `PPOActorConfig`, in the actor).
 
