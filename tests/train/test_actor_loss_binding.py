@@ -73,8 +73,10 @@ def _naive(logits, mb, cfg: PPOActorConfig) -> tuple[float, dict[str, float]]:
     for t in range(len(cur)):
         r, A = math.exp(log_r[t]), adv[t]
         lo, hi = 1 - cfg.eps_clip, 1 + (cfg.eps_clip if cfg.eps_clip_higher is None else cfg.eps_clip_higher)
-        if cfg.policy_loss == "ppo":  # PPO's clipped surrogate
+        if cfg.policy_loss == "ppo":  # PPO's clipped surrogate, and the dual clip on negative advantages
             pg = max(-A * r, -A * min(max(r, lo), hi))
+            if cfg.c_clip is not None and A < 0:
+                pg = min(pg, -A * cfg.c_clip)
         elif cfg.policy_loss == "cispo":  # MiniMax-M1: sg(clip(r)) * A * log pi
             pg = -min(max(r, lo), hi) * A * cur[t]
         elif cfg.policy_loss == "sapo":  # Qwen SAPO: (4 / tau) sigmoid(tau (r - 1))
@@ -119,6 +121,7 @@ def _naive(logits, mb, cfg: PPOActorConfig) -> tuple[float, dict[str, float]]:
 
 CASES = {
     "ppo-clip-higher": dict(eps_clip_higher=0.28),
+    "ppo-dual-clip": dict(c_clip=1.5),
     "gspo": dict(importance_sampling_level="sequence", loss_agg_mode="seq-mean-token-mean", eps_clip=0.05),
     "cispo": dict(policy_loss="cispo", eps_clip=1.0, eps_clip_higher=1.0),
     "sapo": dict(policy_loss="sapo"),
