@@ -13,12 +13,9 @@ mean over its loss tokens, G_s = exp(mean_t log w_t). Then, as `RolloutCorrectio
 - rejection sampling (`rs_level`): a mask, no weight: token: tokens with w_t > rs_cap (or
   < rs_cap_low) leave the loss; sequence: every token of a sequence whose W_s is out of those
   bounds leaves it; geometric: the same with G_s, which does not grow with length. `decoupled`
-  with token rejection on both sides is IcePop (Ling team, Ring-1T, 2025); the same level at
-  the same cap for `is_level` and `rs_level` is TRL's `*_mask` modes (kept tokens weighted by
-  w, the rest dropped). `behav_cap` is the decoupled loss's own token rejection (tokens with
-  w_t > behav_cap), kept under its old name.
-Dropped tokens stay in the aggregation's denominator, so rejection never rescales the rest
-(verl takes them out of its loss mask, so its kept tokens weigh more: docs/algorithms.md).
+  with token rejection on both sides is IcePop (Ling team, Ring-1T, 2025). `behav_cap` is the
+  decoupled loss's own token rejection (tokens with w_t > behav_cap), kept under its old name.
+Dropped tokens stay in the denominator, so rejection never rescales the rest (verl's do not).
 """
 
 from __future__ import annotations
