@@ -129,3 +129,15 @@ def test_tests_readme_names_every_test_file_and_only_files_that_exist():
     present = {str(p.relative_to(tests)) for p in tests.rglob("test_*.py")}
     assert not present - named, f"add to tests/README.md: {sorted(present - named)}"
     assert not named - present, f"tests/README.md names files that do not exist: {sorted(named - present)}"
+
+
+README_MAX_LINES = 250
+
+
+def test_readme_is_a_front_door():
+    """The README says what arealite is, how to install and run it, and where to read on; results,
+    job figures and explanations live on the pages it links (issue 60), so it stays short."""
+    n = len((REPO / "README.md").read_text().splitlines())
+    assert n <= README_MAX_LINES, (
+        f"README.md has {n} lines (at most {README_MAX_LINES}): move detail to the docs/ page it links"
+    )
