@@ -15,7 +15,7 @@ once per address (aiohttp's `trust_env` reads them on every request, in a worker
 
 A request that finds its kept-alive connection closed before any reply is sent once more on a
 new connection, whatever its method (servers may close one right after answering on it, as
-vLLM does after a failed weight-transfer route: docs/protocol.md §11.4).
+vLLM does after a failed weight-transfer route: docs/vllm.md §4; docs/protocol.md §1.10).
 """
 
 from __future__ import annotations
