@@ -223,3 +223,24 @@ def test_no_library_module_is_over_400_lines():
     )
     done = sorted(OVER_LIMIT_BEING_SPLIT - over.keys())
     assert not done, f"now at most {MAX_MODULE_LINES} lines: remove from OVER_LIMIT_BEING_SPLIT: {done}"
+
+
+@pytest.mark.parametrize(
+    "source, allowed",
+    [
+        ("arealite.algo", ()),  # the mathematics: torch and triton only
+        ("arealite.server", ("arealite.algo", "arealite.utils", "arealite.weight_sync")),  # no client, no trainer
+    ],
+)
+def test_the_leaves_import_little_of_arealite(source, allowed):
+    outside = sorted(
+        {
+            target
+            for name, targets in _graph().items()
+            if name == source or name.startswith(source + ".")
+            for target in targets
+            if not (target == source or target.startswith(source + "."))
+            and not any(target == a or target.startswith(a + ".") for a in allowed)
+        }
+    )
+    assert outside == [], f"{source} imports {outside} (docs/architecture.md §2.3)"
