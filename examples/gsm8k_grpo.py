@@ -8,7 +8,7 @@ relaunch resumes from the latest checkpoint; the last line printed is
 `eval_accuracy_before=<x> eval_accuracy_after=<y>`.
 """
 
-from __future__ import annotations  # noqa: I001 (the arealite names, several a line)
+from __future__ import annotations
 
 import os
 import sys
@@ -17,10 +17,31 @@ from contextlib import nullcontext
 from transformers import AutoTokenizer
 
 from arealite import (
-    EngineGroup, Evaluator, GRPOConfig, PPOActor, PPOCritic, Recover, ReferenceModel, rollout_client,
-    RewardPool, RLVRWorkflow, RunSummary, StatsLogger, StatsTracker, StepBatches, StepTimer, TeacherClient, WeightSync,
-    batch_stats, held_out_records, init_distributed, load_config, reward_fn_for, save_config, train_dataloader,
-)  # fmt: skip
+    EngineGroup,
+    Evaluator,
+    GRPOConfig,
+    PPOActor,
+    PPOCritic,
+    Recover,
+    ReferenceModel,
+    RewardPool,
+    RLVRWorkflow,
+    RunSummary,
+    StatsLogger,
+    StatsTracker,
+    StepBatches,
+    StepTimer,
+    TeacherClient,
+    WeightSync,
+    batch_stats,
+    held_out_records,
+    init_distributed,
+    load_config,
+    reward_fn_for,
+    rollout_client,
+    save_config,
+    train_dataloader,
+)
 from arealite.replay import RolloutDump
 from arealite.stats.samples import shown_samples
 
@@ -106,8 +127,11 @@ def main(argv: list[str]) -> None:
             stats_logger.commit(total, final)
         plot = stats_logger.close(plot=config.stats_logger.plot)
 
-    for line in ([f"plots: {plot}"] if plot else []) + summary.lines() if rank == 0 else []:
-        print(line, flush=True)
+    if rank == 0:  # the closing lines, eval_accuracy_before=<x> eval_accuracy_after=<y> last
+        if plot:
+            print(f"plots: {plot}", flush=True)
+        for line in summary.lines():
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 re-queued (`stats["stale_requeued"]`); k = 0 is synchronous. `rollout_batch(data)`: these
 items now, in input order, outside the budget. A workflow's error is raised by the next
 `wait`/`rollout_batch`/`prepare_batch`; a wait without progress for `rollout.stall_timeout`
-logs why and raises after twice that (watchdog.py).
+logs why and raises after twice that (watchdog.py). The episode records and the dataloader's
+record stream are in episode.py.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from arealite.config import InferenceEngineConfig
 from arealite.interfaces import AcceptFn, Batch, GenerationEngine, RolloutWorkflow, Trajectory
 from arealite.rollout.batch import concat_padded
+from arealite.rollout.episode import Episode, Ready, RecordStream, RolloutWorkflowError, as_records, oldest_version
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.loop import EventLoopThread
 from arealite.rollout.staleness import StalenessBudget
@@ -30,44 +31,6 @@ from arealite.rollout.watchdog import RolloutStalledError, Watchdog, report_stal
 
 _WAIT_SLICE = 0.5  # seconds prepare_batch waits before topping up the queue again
 _POLL_S = 1.0  # longest a waiting call sleeps between looks at its state
-
-
-class RolloutWorkflowError(RuntimeError):
-    """A workflow raised while producing a trajectory; the cause is chained."""
-
-
-@dataclass
-class _Episode:
-    data: dict[str, Any]
-    workflow: RolloutWorkflow
-    should_accept: AcceptFn | None
-    ticket: asyncio.Future | None = None  # rollout_batch: where the result goes
-    started: float = 0.0  # monotonic time the episode started running
-
-
-class _Ready(NamedTuple):
-    """An accepted trajectory waiting for `wait`, with the version of its oldest token."""
-
-    episode: _Episode
-    trajectory: Trajectory
-    oldest: int | None
-
-
-def _oldest_version(traj: Trajectory) -> int | None:
-    """The smallest version >= 0 (-1 marks prompt and pad), once per trajectory on the loop."""
-    versions = traj.get("versions")
-    if versions is None:
-        return None
-    produced = versions[versions >= 0]
-    return int(produced.min()) if produced.numel() else None
-
-
-def _as_records(batch: Any) -> list[dict[str, Any]]:
-    """A dataloader batch as a list of records (accepts a list of dicts or a dict of lists)."""
-    if isinstance(batch, dict):
-        keys = list(batch)
-        return [dict(zip(keys, values)) for values in zip(*(batch[k] for k in keys))]
-    return list(batch)
 
 
 class WorkflowExecutor:
@@ -93,17 +56,16 @@ class WorkflowExecutor:
         self._diagnose = diagnose
         self.budget = StalenessBudget(config.max_head_offpolicyness, config.consumer_batch_size)
         self._lock = threading.Condition()
-        self._queued: deque[_Episode] = deque()  # submitted, waiting for capacity
-        self._ready: deque[_Ready] = deque()  # accepted, waiting for `wait`
-        self._sync: deque[_Episode] = deque()  # rollout_batch episodes, waiting for concurrency
-        self._tasks: dict[asyncio.Task, _Episode] = {}  # running episodes
+        self._queued: deque[Episode] = deque()  # submitted, waiting for capacity
+        self._ready: deque[Ready] = deque()  # accepted, waiting for `wait`
+        self._sync: deque[Episode] = deque()  # rollout_batch episodes, waiting for concurrency
+        self._tasks: dict[asyncio.Task, Episode] = {}  # running episodes
         # the loop a `schedule` call from `submit` is on its way to (a loop of an earlier
         # initialize never ran it: compared by identity, it posts again)
         self._schedule_posted_to: asyncio.AbstractEventLoop | None = None
         self.watchdog = Watchdog(config.stall_timeout)
         self._failure: BaseException | None = None  # the next wait / rollout_batch raises it
-        self._data_iter: Any = None
-        self._dataloader: Any = None
+        self._records: RecordStream | None = None  # prepare_batch's dataloader, read on between calls
         self.stats: dict[str, int] = {"submitted": 0, "accepted": 0, "rejected": 0, "stale_requeued": 0, "failed": 0}
 
     @property
@@ -138,12 +100,12 @@ class WorkflowExecutor:
                 self.budget.start()
                 self._start(loop, self._queued.popleft())
 
-    def _start(self, loop: asyncio.AbstractEventLoop, episode: _Episode) -> None:
+    def _start(self, loop: asyncio.AbstractEventLoop, episode: Episode) -> None:
         episode.started = time.monotonic()
         self._tasks[loop.create_task(self._run(episode))] = episode
         self.watchdog.progress()
 
-    async def _run(self, episode: _Episode) -> None:
+    async def _run(self, episode: Episode) -> None:
         try:
             traj = await episode.workflow.arun_episode(self.engine, episode.data)
             if traj is not None and episode.should_accept is not None and not episode.should_accept(traj):
@@ -177,7 +139,7 @@ class WorkflowExecutor:
                     failure.__cause__ = error
                     self._failure = self._failure or failure
                 elif traj is not None:
-                    self._ready.append(_Ready(episode, traj, _oldest_version(traj)))
+                    self._ready.append(Ready(episode, traj, oldest_version(traj)))
             self._lock.notify_all()
         self.schedule()
 
@@ -200,7 +162,7 @@ class WorkflowExecutor:
             raise TypeError(f"workflow {workflow!r} has no arun_episode(engine, data); subclass RolloutWorkflow")
         loop = self._loop.loop  # raises if the client is not initialized
         with self._lock:
-            self._queued.append(_Episode(dict(data), workflow, should_accept))
+            self._queued.append(Episode(dict(data), workflow, should_accept))
             self.stats["submitted"] += 1
             posted, self._schedule_posted_to = self._schedule_posted_to is loop, loop
         if not posted:  # one wake-up of the loop (a thread-safe call) per burst of submits, not one each
@@ -319,12 +281,12 @@ class WorkflowExecutor:
             raise ValueError("prepare_batch needs a dataloader with a batch_size (or rollout.consumer_batch_size)")
         if self.batch_size is None:
             self.batch_size = batch_size
-        if dataloader is not self._dataloader:
-            self._dataloader, self._data_iter = dataloader, iter(dataloader)
+        if self._records is None or dataloader is not self._records.dataloader:
+            self._records = RecordStream(dataloader)
         waiting_since = time.monotonic()
         while True:
             while self._wants_data():
-                for record in self._next_records():
+                for record in self._records.next_records():
                     self.submit(record, workflow, should_accept)
             try:
                 return self._wait(self.batch_size, _WAIT_SLICE, waiting_since)
@@ -336,16 +298,6 @@ class WorkflowExecutor:
         with self._lock:
             return len(self._queued) < max(0, self._capacity()) + (self.batch_size or 1)
 
-    def _next_records(self) -> list[dict[str, Any]]:
-        try:
-            return _as_records(next(self._data_iter))
-        except StopIteration:
-            self._data_iter = iter(self._dataloader)
-            try:
-                return _as_records(next(self._data_iter))
-            except StopIteration:
-                raise ValueError("prepare_batch got an empty dataloader") from None
-
     # ---- synchronous batches ------------------------------------------------------------
 
     def rollout_batch(
@@ -354,7 +306,7 @@ class WorkflowExecutor:
         """Run one episode per item now; return the accepted trajectories in input order."""
         if not data:
             raise ValueError("rollout_batch got no data; pass a non-empty list of records")
-        return self._loop.run(self._arollout_batch(_as_records(data), workflow, should_accept))
+        return self._loop.run(self._arollout_batch(as_records(data), workflow, should_accept))
 
     def submit_batch(
         self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None = None
@@ -362,7 +314,7 @@ class WorkflowExecutor:
         """`rollout_batch` without waiting: a future of the batch (rollout/lockstep.py)."""
         if not data:
             raise ValueError("submit_batch got no data; pass a non-empty list of records")
-        return self._loop.submit(self._arollout_batch(_as_records(data), workflow, should_accept))
+        return self._loop.submit(self._arollout_batch(as_records(data), workflow, should_accept))
 
     async def _arollout_batch(
         self, data: list[dict[str, Any]], workflow: RolloutWorkflow, should_accept: AcceptFn | None
@@ -371,7 +323,7 @@ class WorkflowExecutor:
         tickets = []
         with self._lock:
             for record in data:
-                episode = _Episode(dict(record), workflow, should_accept, ticket=loop.create_future())
+                episode = Episode(dict(record), workflow, should_accept, ticket=loop.create_future())
                 self._sync.append(episode)
                 tickets.append(episode.ticket)
                 self.stats["submitted"] += 1

@@ -15,7 +15,7 @@ once per address (aiohttp's `trust_env` reads them on every request, in a worker
 
 A request that finds its kept-alive connection closed before any reply is sent once more on a
 new connection, whatever its method (servers may close one right after answering on it, as
-vLLM does after a failed weight-transfer route: docs/protocol.md §11.4).
+vLLM does after a failed weight-transfer route: docs/vllm.md §4; docs/protocol.md §1.10).
 """
 
 from __future__ import annotations
@@ -100,60 +100,79 @@ class Transport:
 
         if self._session is None:
             raise RuntimeError("the rollout client is not initialized; call initialize() or use it in a with block")
-        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        headers = None if data is None else {"Content-Type": "application/json"}
-        url = base_url(address) + path
-        proxy = self._proxies[address] if address in self._proxies else self._proxy_for(address, url)
+        what = f"{method} {path}"
         task = asyncio.current_task()
         flight = self._flight.setdefault(address, set())
         flight.add(task)
         try:
-            for session in (self._session, self._fresh):
-                sent: dict[str, bool] = {}
-                try:
-                    async with session.request(
-                        method,
-                        url,
-                        data=data,
-                        headers=headers,
-                        proxy=proxy,
-                        timeout=aiohttp.ClientTimeout(timeout),
-                        trace_request_ctx=sent,
-                    ) as response:
-                        sent["answered"] = True
-                        status, raw = response.status, await response.read()
-                    break
-                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                    # the server closed the kept-alive connection without reading this request (uvicorn
-                    # does so after an escaped exception's 500; vLLM's pooled connections after a weight
-                    # sync): safe to send again, as aiohttp does only for idempotent methods; not when the
-                    # connection was new or a reply began. The retry opens a connection of its own: the
-                    # pool may hold more closed ones
-                    if session is self._fresh or not sent.get("reused") or sent.get("answered"):
-                        raise
+            status, raw = await self._send(method, address, base_url(address) + path, body, timeout)
         except asyncio.CancelledError:
-            reason = self._abandoned.pop(task, None)
-            if reason is None or _uncancel(task) > 0:  # cancelled by its caller (too): stays cancelled
+            if (abandoned := self._abandoned_error(task, what, address, rid)) is None:
                 raise
-            raise TransientServerError(
-                f"{method} {path} abandoned: left the rotation: {reason}", address, rid
-            ) from None
+            raise abandoned from None
         except asyncio.TimeoutError as e:
             hint = f"; raise {setting} if the server is only slow" if setting else ""
-            raise TransientServerError(f"{method} {path} timed out after {timeout}s{hint}", address, rid) from e
+            raise TransientServerError(f"{what} timed out after {timeout}s{hint}", address, rid) from e
         except (aiohttp.ClientError, OSError) as e:
-            raise TransientServerError(f"{method} {path} failed: {type(e).__name__}: {e}", address, rid) from e
+            raise TransientServerError(f"{what} failed: {type(e).__name__}: {e}", address, rid) from e
         finally:
-            flight.discard(task)
-            if self._abandoned.pop(task, None) is not None:  # abandoned as the reply came: not an error
-                _uncancel(task)
+            self._land(task, flight)
+        return _checked_reply(status, raw, what, address, rid)
+
+    async def _send(
+        self, method: str, address: str, url: str, body: dict[str, Any] | None, timeout: float | None
+    ) -> tuple[int, bytes]:
+        """One exchange on a pooled connection; once more on a connection of its own when the pooled one
+        was kept alive and found closed before any reply (module docstring)."""
+        import aiohttp
+
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        proxy = self._proxies[address] if address in self._proxies else self._proxy_for(address, url)
+        sent: dict[str, bool] = {}
         try:
-            parsed: Any = json.loads(raw) if raw else None
-        except ValueError:
-            parsed = raw.decode("utf-8", "replace")
-        if status >= 500:
-            raise TransientServerError(f"{method} {path} returned {status}: {error_message(parsed)}", address, rid)
-        return status, parsed
+            return await self._exchange(self._session, method, url, data, proxy, timeout, sent)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            # the server closed the kept-alive connection without reading this request (uvicorn does so
+            # after an escaped exception's 500; vLLM's pooled connections after a weight sync): safe to
+            # send again, as aiohttp does only for idempotent methods; not when the connection was new
+            # or a reply began. The retry opens a connection of its own: the pool may hold more closed ones
+            if not sent.get("reused") or sent.get("answered"):
+                raise
+        return await self._exchange(self._fresh, method, url, data, proxy, timeout, {})
+
+    @staticmethod
+    async def _exchange(
+        session: Any, method: str, url: str, data: bytes | None, proxy: str | None, timeout: float | None, sent: dict
+    ) -> tuple[int, bytes]:
+        """The request on `session` and its whole reply; `sent` records whether the connection was
+        kept alive (`reused`) and whether a reply began (`answered`)."""
+        import aiohttp
+
+        headers = None if data is None else {"Content-Type": "application/json"}
+        async with session.request(
+            method,
+            url,
+            data=data,
+            headers=headers,
+            proxy=proxy,
+            timeout=aiohttp.ClientTimeout(timeout),
+            trace_request_ctx=sent,
+        ) as response:
+            sent["answered"] = True
+            return response.status, await response.read()
+
+    def _abandoned_error(self, task: Any, what: str, address: str, rid: str) -> Exception | None:
+        """The error a request cancelled by `abandon` raises; None when its caller cancelled it (too)."""
+        reason = self._abandoned.pop(task, None)
+        if reason is None or _uncancel(task) > 0:
+            return None
+        return TransientServerError(f"{what} abandoned: left the rotation: {reason}", address, rid)
+
+    def _land(self, task: Any, flight: set[asyncio.Task]) -> None:
+        """The request is no longer in flight; one abandoned as its reply came is not an error."""
+        flight.discard(task)
+        if self._abandoned.pop(task, None) is not None:
+            _uncancel(task)
 
     def _proxy_for(self, address: str, url: str) -> str | None:
         parts = urllib.parse.urlsplit(url)
@@ -161,6 +180,17 @@ class Transport:
         proxy = None if bypass else urllib.request.getproxies().get(parts.scheme)
         self._proxies[address] = proxy
         return proxy
+
+
+def _checked_reply(status: int, raw: bytes, what: str, address: str, rid: str) -> tuple[int, Any]:
+    """(status, the body as JSON, else as text); a 5xx is a TransientServerError."""
+    try:
+        parsed: Any = json.loads(raw) if raw else None
+    except ValueError:
+        parsed = raw.decode("utf-8", "replace")
+    if status >= 500:
+        raise TransientServerError(f"{what} returned {status}: {error_message(parsed)}", address, rid)
+    return status, parsed
 
 
 async def _mark_reused(session: Any, context: Any, params: Any) -> None:

@@ -148,12 +148,12 @@ def test_bad_sources_are_named(tmp_path, rows_dataset):
         load_records(DatasetConfig(type="gsm8k"))
 
 
-def test_readme_data_example_runs(capsys):
-    """The README's `datasets.Dataset` example, taken verbatim, prints what its comment says."""
+def test_docs_data_example_runs(capsys):
+    """The `datasets.Dataset` example of docs/production.md, taken verbatim, prints what its comment says."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "production.md").read_text()
     section = readme.split("## Your data: anything Hugging Face `datasets` reads", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     exec(compile(code, "README data example", "exec"), {})

@@ -181,7 +181,7 @@ def test_rollout_batch_raises_the_first_failure_without_waiting_for_the_rest():
 @pytest.mark.parametrize("shape", [(1, 40), (3, 7), (16, 600)])
 def test_oldest_version_matches_a_plain_loop(shape):
     """The oldest produced version (-1: prompt and pad), None when nothing was produced."""
-    from arealite.rollout.executor import _oldest_version
+    from arealite.rollout.episode import oldest_version as _oldest_version
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(20):

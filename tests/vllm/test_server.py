@@ -1,5 +1,5 @@
 """The vLLM server as `server_cmd.vllm_command` starts it: the routes arealite's client relies on
-are on, and the settings it depends on hold (docs/protocol.md §11)."""
+are on, and the settings it depends on hold (docs/vllm.md §1)."""
 
 from __future__ import annotations
 
