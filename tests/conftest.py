@@ -31,6 +31,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+from tests.e2e.shared_runs import dumped_run  # noqa: E402,F401  (session fixture)
+from tests.smollm2_model import smollm2_dir  # noqa: E402,F401  (session fixture)
 from tests.tool_model import tool_engine, tool_model_dir, tool_tokenizer  # noqa: E402,F401  (session fixtures)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -56,16 +56,17 @@ class Watchdog:
         return start + (2 if self._warned_for == start else 1) * self.limit
 
     def verdict(self, waiting_since: float) -> str | None:
-        """None, "warn" (once per idle period) or "raise"; and the idle seconds via `idle()`."""
+        """None, "warn" (once per idle period, always before its "raise") or "raise"; the idle seconds via `idle()`."""
         if not self.limit:
             return None
         start = self._start(waiting_since)
         idle = time.monotonic() - start
-        if idle >= 2 * self.limit:
-            return "raise"
         if idle >= self.limit and self._warned_for != start:
+            # warned first even when the check comes late (a busy machine): the raise follows at the next check
             self._warned_for = start
             return "warn"
+        if idle >= 2 * self.limit:
+            return "raise"
         return None
 
     def idle(self, waiting_since: float) -> float:

@@ -25,6 +25,19 @@ def run_example(
     """The example script on `configs/<config>` with `overrides`, one server of `model` (with
     `server_args`), one trainer thread; fails with the run's output tail unless it exits 0.
     Returns stats.jsonl rows."""
+    return run_example_output(tmp_path, model, experiment, overrides, timeout, config, server_args)[0]
+
+
+def run_example_output(
+    tmp_path: Path,
+    model: str,
+    experiment: str,
+    overrides: list[str],
+    timeout: float = 280,
+    config: str = "tiny_cpu.yaml",
+    server_args: tuple[str, ...] = (),
+) -> tuple[list[dict], str]:
+    """`run_example`, and what the script printed (stdout)."""
     server = launch_server_process(model, extra_args=["--skip-server-warmup", *server_args], timeout=300)
     env = {
         **os.environ, "OMP_NUM_THREADS": "1", "AREAL_LLM_SERVER_ADDRS": server.address,
@@ -41,4 +54,5 @@ def run_example(
     finally:
         server.stop()
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return [json.loads(line) for line in (tmp_path / experiment / "t" / "stats.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / experiment / "t" / "stats.jsonl").read_text().splitlines()]
+    return rows, proc.stdout

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from arealite.server.process import launch_server_process
+from tests.e2e.test_reproducible import without_timings
 from tests.tolerance import assert_close
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,14 +77,18 @@ def _kill_mid_step(proc: subprocess.Popen, kill_after: str = KILL_AFTER) -> str:
 
 
 def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_model_dir):
-    server_a = launch_server_process(tiny_model_dir, extra_args=["--skip-server-warmup"])
-    server_b = launch_server_process(tiny_model_dir, extra_args=["--skip-server-warmup"])
+    """Also the synchronous half of tests/e2e/test_reproducible.py: before the kill, the crashed run
+    is a second fresh run with the reference's seed, and must write the same stats to the last digit."""
+    det = ["--skip-server-warmup", "--enable-deterministic-inference"]  # logprobs independent of the batch
+    server_a = launch_server_process(tiny_model_dir, extra_args=det)
+    server_b = launch_server_process(tiny_model_dir, extra_args=det)
     try:
         reference = _trainer(tiny_model_dir, tmp_path, "uninterrupted", server_a.address)
         crashed = _trainer(tiny_model_dir, tmp_path, "crashed", server_b.address)
         _kill_mid_step(crashed)
         _finish(reference)
         crashed_dir = tmp_path / "recover" / "crashed"
+        before_kill = _rows(crashed_dir)
         assert (crashed_dir / "checkpoints" / "latest").read_text() in ("step_2", "step_3")
         resumed_log = _finish(_trainer(tiny_model_dir, tmp_path, "crashed", server_b.address))
         # The finished run's newest checkpoint (after the last step) is damaged: relaunched, the
@@ -102,6 +107,11 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
     )
     assert f"[weight-sync] version {STEPS} confirmed" in fallback_log  # the last step ran again
     ref_rows, rec_rows = _rows(tmp_path / "recover" / "uninterrupted"), _rows(crashed_dir)
+    # two fresh runs with the same seed: the same stats, timings aside, for every step the crashed one logged
+    assert len(before_kill) >= 3 and all("logprob_mismatch" in row for row in before_kill), before_kill
+    fresh, again = without_timings(ref_rows[: len(before_kill)]), without_timings(before_kill)
+    differ = sorted({k for ra, rb in zip(fresh, again) for k in ra.keys() | rb.keys() if ra.get(k) != rb.get(k)})
+    assert fresh == again, f"two runs with the same seed wrote different stats: {differ}"
     # every step exactly once, with the same prompts in the same order
     assert [r["step"] for r in rec_rows] == list(range(STEPS)), [r["step"] for r in rec_rows]
     assert [r["prompt_ids"] for r in rec_rows] == [r["prompt_ids"] for r in ref_rows]
@@ -125,9 +135,6 @@ def test_sigkill_mid_step_then_recover_matches_uninterrupted_run(tmp_path, tiny_
         assert_close(rec_w[k], ref_w[k], n=STEPS * 64, msg=f"recovered run ends {diff} away: {k}")
 
 
-# heavy, for the suite's time (the default command must stay under 25 minutes on 2 cores):
-# exactly-once after a relaunch is checked, synchronously, by tests/multinode/test_ray.py's lost-host run
-@pytest.mark.heavy
 def test_async_recovery_trains_every_handed_out_prompt_exactly_once(tmp_path, tiny_model_dir):
     """Asynchronous rollouts pull prompts ahead of training; the checkpoint remembers the ones
     handed out but not trained, and the relaunch trains them (none skipped, none twice)."""

@@ -11,40 +11,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from arealite.server.process import launch_server_process
+from tests.e2e.shared_runs import EVAL_SETTINGS
 from tests.tolerance import close
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(400)
 
 
-def test_standalone_eval_reproduces_in_training_eval(tmp_path, tiny_model_dir):
+def test_standalone_eval_reproduces_in_training_eval(dumped_run, tiny_model_dir, tmp_path):
+    """On the shared run of tests/e2e/shared_runs.py (evaluated at versions 0, 2 and 3)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     env.pop("AREAL_LLM_SERVER_ADDRS", None)
-    common = [
-        "--config", str(REPO / "configs" / "tiny_cpu.yaml"), f"actor.path={tiny_model_dir}",
-        "reward_fn=tests.e2e.varied_reward:even_token_fraction", "gconfig.max_new_tokens=6",
-        "evaluator.k=4", "evaluator.num_samples=12", "evaluator.temperature=1.0",
-    ]  # fmt: skip
-    server = launch_server_process(tiny_model_dir, extra_args=["--skip-server-warmup"])
-    try:
-        train = [
-            sys.executable, str(REPO / "examples" / "gsm8k_grpo.py"), *common, f"fileroot={tmp_path}",
-            "experiment_name=ev", "trial_name=t", "total_train_steps=2", "evaluator.freq_steps=1",
-            "train_dataset.batch_size=4", "train_dataset.num_samples=32", "stats_logger.progress_bar=false",
-            "stats_logger.plot=false",
-        ]  # fmt: skip
-        proc = subprocess.run(train, cwd=REPO, env={**env, "AREAL_LLM_SERVER_ADDRS": server.address},
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    finally:
-        server.stop()
-    assert proc.stdout.strip().splitlines()[-1].startswith("eval_accuracy_before=")
-    rows = [json.loads(line) for line in (tmp_path / "ev" / "t" / "stats.jsonl").read_text().splitlines()]
-    logged = {r["eval/version"]: r for r in rows if "eval/version" in r}
-    assert sorted(logged) == [0, 1, 2]
+    common = ["--config", str(REPO / "configs" / "tiny_cpu.yaml"), f"actor.path={tiny_model_dir}", *EVAL_SETTINGS]
+    assert dumped_run.stdout.strip().splitlines()[-1].startswith("eval_accuracy_before=")
+    logged = {r["eval/version"]: r for r in dumped_run.rows if "eval/version" in r}
+    assert sorted(logged) == [0, 2, 3]  # every evaluator.freq_steps, and after the last step
 
-    weights = tmp_path / "ev" / "t" / "weights" / "v2"
+    weights = dumped_run.run_dir / "weights" / "v2"
     cli = [sys.executable, "-m", "arealite.eval", "--model", str(weights), *common]
     out = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

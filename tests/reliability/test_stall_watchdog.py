@@ -13,6 +13,7 @@ import torch
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.rollout import RemoteSGLangEngine, RolloutStalledError
 from arealite.rollout.batch import trajectory_from_tokens
+from arealite.rollout.watchdog import Watchdog
 from arealite.types import ModelRequest
 
 pytestmark = pytest.mark.timeout(120)
@@ -130,3 +131,16 @@ def test_progress_resets_the_clock(engine, caplog):
         batch = engine.rollout_batch([{"id": "slow"}], Slow())
     assert batch["input_ids"].shape == (1, 1)
     assert not [r for r in caplog.records if r.name == "arealite.rollout.watchdog"]
+
+
+def test_a_late_check_warns_before_it_raises():
+    """A caller whose first check comes after twice stall_timeout (its thread starved on a busy
+    machine) still logs the diagnostic first; the raise follows at its next check. Driven by
+    the watchdog's clock, not by waiting."""
+    watchdog = Watchdog(STALL_S)
+    waiting_since = watchdog.last_progress = time.monotonic() - 3 * STALL_S  # idle for 3 periods, never checked
+    assert watchdog.verdict(waiting_since) == "warn"
+    assert watchdog.due(waiting_since) <= time.monotonic()  # the raise is due at once
+    assert watchdog.verdict(waiting_since) == "raise"
+    watchdog.progress()  # progress starts a new period: neither again until stall_timeout has passed
+    assert watchdog.verdict(waiting_since) is None

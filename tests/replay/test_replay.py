@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from arealite.replay import dumped_steps, read_batch, read_meta, read_rows
-from tests.e2e.example_run import REPO, run_example
+from tests.e2e.example_run import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -27,21 +27,10 @@ def _replay(dump: Path, step: int) -> tuple[str, dict[str, float]]:
     return proc.stdout, {k: float(v) for k, v in (item.split("=") for item in last.split())}
 
 
-def test_main_job_dumps_every_trained_sample_and_replay_reproduces_the_logged_update(tmp_path, tiny_model_dir):
+def test_main_job_dumps_every_trained_sample_and_replay_reproduces_the_logged_update(dumped_run, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    dump = tmp_path / "dump"
-    rows = run_example(
-        tmp_path, tiny_model_dir, "replay",
-        [
-            "total_train_steps=3", "train_dataset.batch_size=4", "gconfig.group_size=4",
-            "rollout.dynamic_sampling=false", "reward_fn=tests.e2e.varied_reward:even_token_fraction",
-            f"rollout.dump_dir={dump}",
-            "recover.mode=auto", "recover.freq_steps=2", "evaluator.freq_steps=2", "evaluator.num_samples=4",
-            "stats_logger.samples_shown=2", "actor.ppo_n_minibatches=2",
-        ],
-    )  # fmt: skip
-    run_dir = tmp_path / "replay" / "t"
+    dump, rows, run_dir = dumped_run.dump, dumped_run.rows, dumped_run.run_dir
     trained = {r["step"]: r for r in rows if "loss" in r}
     assert sorted(trained) == [0, 1, 2] and dumped_steps(str(dump)) == [0, 1, 2]
 

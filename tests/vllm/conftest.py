@@ -14,8 +14,10 @@ pass in any order on the shared server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.error
@@ -42,6 +44,7 @@ class VLLMServer:
     model_dir: str
     python: str
     log_path: str
+    pid: int = 0  # the API server's (session leader); vLLM's engine core runs in a child process
 
     def call(self, method: str, path: str, body: dict | None = None, timeout: float = 120.0) -> tuple[int, object]:
         """One plain HTTP call (status, parsed JSON), for tests that talk to the server directly."""
@@ -70,6 +73,38 @@ class VLLMServer:
         )
         assert status == 200, f"reloading the original weights failed: {status} {reply}"
         self.call("POST", "/update_weight_version", {"new_version": "0"})
+
+    def helper_pids(self) -> list[int]:
+        """The processes under the API server: vLLM's engine core (which generates) and its helpers."""
+        children: dict[int, list[int]] = {}
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+        found, todo = [], [self.pid]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                found.append(child)
+                todo.append(child)
+        return found
+
+    @contextlib.contextmanager
+    def engine_stopped(self):
+        """The engine core and its helpers SIGSTOPped (no token is generated) while the API server
+        still takes requests and forwards them; SIGCONT on leaving. Yields their pids."""
+        pids = self.helper_pids()
+        assert pids, f"no engine process under the vLLM server's pid {self.pid}"
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield pids
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -128,6 +163,7 @@ def vllm_server(tmp_path_factory):
     server = VLLMServer(f"127.0.0.1:{port}", model_dir, python, str(root / "vllm.log"))
     started = time.monotonic()
     proc.start()
+    server.pid = proc.pid
     try:
         _wait_healthy(proc, server)
         print(f"vLLM server healthy after {time.monotonic() - started:.0f} s at {server.address}")

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import re
+import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -83,20 +85,40 @@ def test_generation_contract_and_seeds(vllm_server):
     torch.testing.assert_close(torch.tensor(first.output_logprobs), want, atol=LOGPROB_ATOL, rtol=0)
 
 
-ATTEMPTS = 3  # answers that ended before the pause reached the server are retried with a new one
+ATTEMPTS = 3  # an answer that ended before the engine was stopped is retried with a new one
+
+
+def queued_bytes(pids: list[int]) -> int:
+    """Bytes sent to the processes `pids` and not yet read (the Recv-Q of their sockets, by `ss`)."""
+    out = subprocess.run(["ss", "-H", "-x", "-t", "-n", "-p"], capture_output=True, text=True, timeout=60).stdout
+    total = 0
+    for line in out.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+),", line)}
+        fields = line.split()
+        if owners & set(pids) and len(fields) > 2 and fields[2].isdigit():
+            total += int(fields[2])
+    return total
 
 
 def _answer_with_a_sync(vllm_server, new_weights, pause_mode: str, req: ModelRequest):
-    """One answer with a disk weight sync to version 1 started once the server has generated
-    some of it: (response, tokens the server generated meanwhile). The pause reaches the server
-    after the client posts it; on a busy machine that can take seconds, enough for the tiny model
-    to finish, so the caller checks the answer really was split and otherwise tries again."""
-    with _engine(vllm_server, pause_mode=pause_mode) as engine:
+    """One answer with a disk weight sync to version 1 landing mid-answer: (response, tokens the
+    server generated meanwhile). Once the server has generated some of the answer, its engine core
+    is stopped (SIGSTOP) until the client's pause is waiting in the engine's socket, so the answer
+    cannot end before the pause reaches the engine, however busy the machine. Only an answer that
+    ended before the engine was stopped (all of it within one poll) is not split; the caller checks."""
+    with _engine(vllm_server, pause_mode=pause_mode) as engine, ThreadPoolExecutor(1) as pool:
         before = generated_tokens(vllm_server)
         answer = engine.loop.submit(engine.agenerate(req))
         while generated_tokens(vllm_server) < before + 4 and not answer.done():  # mid-answer
             time.sleep(0.05)
-        engine.pause()
+        with vllm_server.engine_stopped() as pids:
+            queued = queued_bytes(pids)
+            pausing = pool.submit(engine.pause)
+            deadline = time.monotonic() + 120
+            while queued_bytes(pids) <= queued and not pausing.done():
+                assert time.monotonic() < deadline, "the client's pause never reached vLLM's engine socket"
+                time.sleep(0.05)
+        pausing.result(timeout=300)
         engine.update_weights(WeightUpdateMeta(type="disk", path=new_weights, version=1)).result(timeout=300)
         engine.set_version(1)
         assert engine.confirm_version(1) == {vllm_server.address: "1"}
@@ -112,8 +134,9 @@ def test_answer_interrupted_by_a_disk_sync_resumes_on_the_new_weights(vllm_serve
     generated twice and each token carries the version of the weights that made it (vLLM's
     spans when kept); its logprob is the trainer's under those weights, except after the sync
     with in_place, whose continuation attends over keys and values the old weights computed.
-    The answer runs to its budget, as long as the server's context allows, and one that ended
-    before the sync landed does not count: the test retries it, and fails after ATTEMPTS."""
+    The answer runs to its budget, as long as the server's context allows; the engine is held
+    until the pause has reached it (`_answer_with_a_sync`), and an answer that ended even before
+    that does not count: the test retries it, and fails after ATTEMPTS."""
     budget, temperature = MAX_MODEL_LEN - len(PROMPT) - 16, 1.0  # vLLM stops short of its context
     for _ in range(ATTEMPTS):
         req = _request(max_new_tokens=budget, min_new_tokens=budget, temperature=temperature)
