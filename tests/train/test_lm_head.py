@@ -140,13 +140,11 @@ def _record_width(widths: set):
 
 
 def _capture_grads(actor, grads: dict):
-    """The optimizer's step, first copying every parameter's gradient into `grads`."""
-    step = actor.optimizer.step
+    """A hook before the optimizer's step copying every parameter's gradient into `grads`."""
 
-    def capture(*args, **kwargs):
+    def capture(optimizer, args, kwargs):
         for name, p in actor.model.named_parameters():
             grads[name] = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad.clone()
-        return step(*args, **kwargs)
 
     return capture
 
@@ -167,7 +165,7 @@ def test_actor_update_with_the_chunked_head_equals_full_logits(tied, tiny_model_
         with PPOActor(dataclasses.replace(base, head_chunk_tokens=chunk), gconfig) as actor:
             widths, grads = set(), {}
             hook = actor.model.get_output_embeddings().register_forward_hook(_record_width(widths))
-            actor.optimizer.step = _capture_grads(actor, grads)
+            actor.optimizer.register_step_pre_hook(_capture_grads(actor, grads))
             b = {k: v.clone() for k, v in batch.items()}
             b["logprobs"] = logp = actor.compute_logp(b)
             actor.compute_advantages(b)
