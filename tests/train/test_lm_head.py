@@ -181,3 +181,18 @@ def test_actor_update_with_the_chunked_head_equals_full_logits(tied, tiny_model_
     assert head in results[5][2] and results[5][2][head].abs().max() > 0
     for name, g in results[0][2].items():
         assert_close(results[5][2][name], g, n=vocab, msg=name)
+
+
+def test_only_a_plain_head_is_chunked():
+    """A head whose logits the model changes after the matmul (Gemma 2's soft-capping) keeps
+    the whole logits; a Qwen2 head, tied or not, is chunked."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from arealite.train.lm_head import plain_head
+
+    small = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=8)  # fmt: skip
+    for tie in (False, True):
+        qwen = Qwen2ForCausalLM(Qwen2Config(**small, tie_word_embeddings=tie))
+        assert plain_head(qwen) is qwen.lm_head
+    assert plain_head(Gemma2ForCausalLM(Gemma2Config(**small, final_logit_softcapping=30.0))) is None
