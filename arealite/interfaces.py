@@ -33,11 +33,12 @@ Batch = dict[str, Any]
 RewardFn = Callable[..., float]
 # should_accept(trajectory) -> keep it? (dynamic sampling)
 AcceptFn = Callable[[Trajectory], bool]
-# loss_fn(logits [N, V] of one packed micro-batch, that micro-batch) -> (scalar loss, stats)
+# loss_fn(logits [N, V] of one packed micro-batch, that micro-batch) -> (scalar loss, stats); one marked
+# `train.lm_head.accepts_hidden_states` may get the hidden states the logits come from (head_chunk_tokens)
 LossFn = Callable[[torch.Tensor, Batch], tuple[torch.Tensor, dict[str, Any]]]
 # loss_weight_fn(packed micro-batch) -> its weight in the global mean (e.g. its loss tokens)
 LossWeightFn = Callable[[Batch], float]
-# post_hook(logits [N, V], packed micro-batch) -> per-token result [N, ...]
+# post_hook(logits [N, V], packed micro-batch) -> per-token result [N, ...] (marked: as loss_fn)
 PostHook = Callable[[torch.Tensor, Batch], torch.Tensor]
 
 

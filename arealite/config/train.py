@@ -99,10 +99,20 @@ class TrainEngineConfig:
     cpu_offload: bool = setting(False, "FSDP2 keeps parameters and optimizer state on the CPU between uses")
     optimizer: OptimizerConfig | None = setting(factory=OptimizerConfig, help="None: frozen (reference model)")
     mb_spec: MicroBatchSpec = setting(factory=MicroBatchSpec, help="how a batch is split into micro-batches")
+    head_chunk_tokens: int = setting(
+        2048,
+        "a micro-batch of more tokens than this gets its log-probs and entropy from the final hidden states, this "
+        "many tokens' [tokens, vocab] logits at a time, in forward and backward (one more head matmul, far less "
+        "memory: arealite/train/lm_head.py); 0: always the whole micro-batch's logits at once",
+    )
     lora: LoRAConfig | None = setting(None, "train a LoRA adapter instead of every weight (needs weight_update=lora)")
 
     def __post_init__(self) -> None:
         check_choices(self, self._section)
+        if self.head_chunk_tokens < 0:
+            raise ConfigError(
+                f"{self._section}.head_chunk_tokens={self.head_chunk_tokens} must be >= 0 (0: no chunking)"
+            )
         if self.lora is not None and self.optimizer is None:
             raise ConfigError(
                 "a frozen model (optimizer: null, e.g. ref) cannot have a LoRA adapter; set its lora to null"

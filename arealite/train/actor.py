@@ -42,7 +42,8 @@ from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch
 from arealite.train.advantage_estimation import estimate_advantages
 from arealite.train.engine import FSDPEngine, load_causal_lm
-from arealite.train.logprobs import batch_token_logprobs, packed_logprobs_and_entropy, packed_token_entropy
+from arealite.train.lm_head import HiddenStates, accepts_hidden_states
+from arealite.train.logprobs import batch_token_logprobs, packed_logprobs_and_entropy
 
 
 class PPOActor(FSDPEngine):
@@ -131,24 +132,27 @@ class PPOActor(FSDPEngine):
                 batch = {**batch, "prox_logp": self.compute_logp(batch)}
             # else: no prox_logp key, and actor_loss takes its own forward's log-probs
         agg = AGGREGATIONS[cfg.loss_agg_mode]
-        loss_fn = partial(
-            actor_loss,
-            config=cfg,
-            temperature=self.gconfig.logprob_temperature,
-            truncation=self.gconfig.logprob_truncation,
+        loss_fn = accepts_hidden_states(
+            partial(
+                actor_loss,
+                config=cfg,
+                temperature=self.gconfig.logprob_temperature,
+                truncation=self.gconfig.logprob_truncation,
+            )
         )
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
         return self.train_minibatches(batch, loss_fn, weight_fn, cfg.ppo_n_minibatches, "actor.ppo_n_minibatches")
 
 
 def actor_loss(
-    logits: torch.Tensor,
+    logits: torch.Tensor | HiddenStates,
     mb: Batch,
     config: PPOActorConfig,
     temperature: float = 1.0,
     truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, dict]:
-    """The configured PPO loss on one packed micro-batch; logits [N, V] at the sampling `temperature`.
+    """The configured PPO loss on one packed micro-batch; logits [N, V] at the sampling `temperature`
+    (or the `HiddenStates` they come from: the engine's `head_chunk_tokens`).
 
     Without `mb["prox_logp"]` the old policy is this forward's own log-probs, detached:
     right only while the weights have not moved since the update began (`ppo_update` leaves
@@ -158,7 +162,9 @@ def actor_loss(
     cu = mb["cu_seqlens"].to(dev)
     mask = mb["loss_mask"].to(dev).bool()
     entropy_grad = config.entropy_coef > 0  # a bonus needs the entropy's gradient; else it is a statistic
-    logp, entropy = packed_logprobs_and_entropy(logits, mb["input_ids"], cu, temperature, truncation, not entropy_grad)
+    logp, entropy = packed_logprobs_and_entropy(
+        logits, mb["input_ids"], cu, temperature, truncation, entropy=True, entropy_grad=entropy_grad
+    )
     prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()
     agg = AGGREGATIONS[config.loss_agg_mode].reduce
@@ -176,8 +182,6 @@ def actor_loss(
         kl, kl_stats = kl_loss(logp, mb["ref_logp"].to(dev).float(), mask, cu, KL_ESTIMATORS[config.kl_estimator], agg)
         loss = loss + config.kl_ctl * kl
         stats.update(kl_stats)
-    if entropy_grad:
-        entropy = packed_token_entropy(logits, cu, temperature)
     ent = agg(entropy, mask, cu)
     if config.entropy_coef > 0:
         loss = loss - config.entropy_coef * ent

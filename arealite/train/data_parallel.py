@@ -33,3 +33,23 @@ def balance_across_ranks(batch: Batch) -> Batch:
         raise ValueError(f"{len(lens)} sequences over all ranks cannot feed {n_ranks} trainer ranks")
     share = balanced_partition(lens, n_ranks)[world.rank()]
     return select(merged, share)
+
+
+# The default process group, when an engine started it (a notebook, a plain script), ends with
+# the last engine destroyed, so a `with` block leaves no group behind; one that was up before
+# (torchrun's, or the caller's init_distributed()) is never ended here.
+_group = {"engines": 0, "started_by_engine": False}
+
+
+def join_process_group() -> None:
+    if not world.is_initialized():
+        world.init_distributed()
+        _group["started_by_engine"] = True
+    _group["engines"] += 1
+
+
+def leave_process_group() -> None:
+    _group["engines"] -= 1
+    if _group["engines"] == 0 and _group["started_by_engine"]:
+        _group["started_by_engine"] = False
+        world.destroy_distributed()

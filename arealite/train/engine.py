@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -32,8 +33,10 @@ from arealite.data.packing import Batch, balanced_partition, pack, select, seqle
 from arealite.interfaces import LossFn, LossWeightFn, PostHook
 from arealite.stats.tracker import StatsTracker
 from arealite.train import varlen_attention
-from arealite.train.data_parallel import balance_across_ranks
+from arealite.train.data_parallel import balance_across_ranks, join_process_group, leave_process_group
+from arealite.train.lm_head import HiddenStates, hidden_states_out, plain_head, takes_hidden_states, warn_unchunked
 from arealite.train.lr_schedule import build_scheduler
+from arealite.train.step_stats import merge_step_stats
 from arealite.train.weights import iter_full_weights, load_full_weights, save_hf
 from arealite.utils.hf_weights import read_hf_weights
 
@@ -53,29 +56,6 @@ def load_causal_lm(path: str, attn_implementation: str) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=attn_implementation)
 
 
-def merge_step_stats(steps: list[dict[str, float]]) -> dict[str, float]:
-    """The stats of an update of several optimizer steps (`train_batch`'s each) as one dict:
-    `*_max` / `*_min` keys by max / min, `loss_weight` summed, every other key the mean over
-    the steps weighted by their `loss_weight` (so `loss` is that of the whole batch; equal
-    weights if every step's is 0). One step's stats are returned as they are."""
-    if len(steps) == 1:
-        return dict(steps[0])
-    total = sum(s["loss_weight"] for s in steps)
-    weights = [s["loss_weight"] / total if total > 0 else 1 / len(steps) for s in steps]
-    out = {}
-    for key in steps[0]:
-        values = [s[key] for s in steps]
-        if key.endswith("_max"):
-            out[key] = max(values)
-        elif key.endswith("_min"):
-            out[key] = min(values)
-        elif key == "loss_weight":
-            out[key] = total
-        else:
-            out[key] = sum(w * v for w, v in zip(weights, values))
-    return out
-
-
 def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
     # Packed rows need attention confined per sequence. flash-attn takes cu_seqlens on CUDA
     # (in bf16/fp16 only); elsewhere our varlen sdpa attends segments of the row (transformers' own sdpa
@@ -88,26 +68,6 @@ def _attn_implementation(device: torch.device, dtype: torch.dtype) -> str:
         except ImportError:
             pass
     return varlen_attention.register()
-
-
-# The default process group, when an engine started it (a notebook, a plain script), ends with
-# the last engine destroyed, so a `with` block leaves no group behind; one that was up before
-# (torchrun's, or the caller's init_distributed()) is never ended here.
-_group = {"engines": 0, "started_by_engine": False}
-
-
-def _join_process_group() -> None:
-    if not world.is_initialized():
-        world.init_distributed()
-        _group["started_by_engine"] = True
-    _group["engines"] += 1
-
-
-def _leave_process_group() -> None:
-    _group["engines"] -= 1
-    if _group["engines"] == 0 and _group["started_by_engine"]:
-        _group["started_by_engine"] = False
-        world.destroy_distributed()
 
 
 class FSDPEngine:
@@ -134,13 +94,15 @@ class FSDPEngine:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
         self.version = 0  # weight version of the current parameters; set by the weight sync
-        self._in_process_group = False  # counted among the default group's engines (see _join_process_group)
+        self._in_process_group = False  # counted among the default group's engines (see join_process_group)
+        self._head: torch.nn.Linear | None = None
+        self._warned_head = False
 
     def initialize(self) -> FSDPEngine:
         """Join the process group, load and shard the model, build AdamW; collective. Returns self."""
         if self._model is not None:
             return self
-        _join_process_group()
+        join_process_group()
         self._in_process_group = True
         config = self.config
         self.device = world.device()
@@ -157,6 +119,7 @@ class FSDPEngine:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._model = self._shard(model)
+        self._head = plain_head(model) if config.head_chunk_tokens > 0 else None  # chunked through the loss
         if config.optimizer is not None:
             opt = config.optimizer
             trainable = [p for p in self._model.parameters() if p.requires_grad]  # LoRA: the adapter only
@@ -196,7 +159,7 @@ class FSDPEngine:
         self._model = self.optimizer = self.scheduler = None
         if self._in_process_group:
             self._in_process_group = False
-            _leave_process_group()
+            leave_process_group()
 
     def __enter__(self: _Engine) -> _Engine:
         """`with PPOActor(...) as actor:` initializes, and destroys on exit (errors included)."""
@@ -262,17 +225,24 @@ class FSDPEngine:
         """The packed micro-batch with every tensor on the engine's device."""
         return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in mb.items()}
 
-    def _forward_packed(self, mb: Batch) -> torch.Tensor:
-        """Logits [N, V] of one packed micro-batch (attention confined per sequence)."""
+    def _forward_packed(self, mb: Batch, hidden: bool = False) -> torch.Tensor | HiddenStates:
+        """Logits [N, V] of one packed micro-batch (attention confined per sequence); with `hidden`
+        and N > `head_chunk_tokens` > 0, the `HiddenStates` they come from (arealite/train/lm_head.py)."""
+        if hidden and self._head is None and self.config.head_chunk_tokens > 0 and not self._warned_head:
+            self._warned_head = True
+            warn_unchunked(self.model)
+        head = self._head if hidden and mb["input_ids"].shape[0] > self.config.head_chunk_tokens else None
         longest = int((mb["cu_seqlens"][1:] - mb["cu_seqlens"][:-1]).max())  # the attention needs it as an int
         ids = mb["input_ids"].to(self.device)[None]
         pos = mb["position_ids"].to(self.device)[None]
         cu = mb["cu_seqlens"].to(self.device, torch.int32)
-        out = self.model(
-            input_ids=ids, position_ids=pos, use_cache=False,
-            cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
-        )  # fmt: skip
-        return out.logits.squeeze(0)  # its backward allocates nothing; indexing [0] would zero-fill [1, N, V]
+        with hidden_states_out(head) if head is not None else nullcontext({}) as seen:
+            out = self.model(
+                input_ids=ids, position_ids=pos, use_cache=False,
+                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest,
+            )  # fmt: skip
+        y = out.logits.squeeze(0)  # its backward allocates nothing; indexing [0] would zero-fill [1, N, V]
+        return HiddenStates(y, seen["weight"], self.config.head_chunk_tokens) if head is not None else y
 
     # ---- public API ----
 
@@ -331,7 +301,7 @@ class FSDPEngine:
         for i, (mb, rows) in enumerate(mbs):
             self.model.set_requires_gradient_sync(i == len(mbs) - 1)  # reduce-scatter once, at the end
             mb = self._to_device(mb)
-            loss, stats = loss_fn(self._forward_packed(mb), mb)
+            loss, stats = loss_fn(self._forward_packed(mb, takes_hidden_states(loss_fn)), mb)
             scale = weights[i] / total * world.world_size() if total > 0 else 0.0
             (loss * scale).backward()
             if rows is not None:
@@ -368,8 +338,10 @@ class FSDPEngine:
         result: torch.Tensor | None = None
         for mb, rows in self._micro_batches(batch):
             mb = self._to_device(mb)
-            logits = self._forward_packed(mb)
-            y = logits if post_hook is None else post_hook(logits, mb)
+            if post_hook is None:
+                y = self._forward_packed(mb)
+            else:
+                y = post_hook(self._forward_packed(mb, takes_hidden_states(post_hook)), mb)
             if rows is None:
                 continue
             padded = unpack(y.detach(), mb["cu_seqlens"].to(y.device), T).cpu()

@@ -10,6 +10,9 @@ sampled from (arealite/algo/truncation.py), which the built-in server reports fo
 Without a truncation the log-probs (and, beside them, the entropy statistic) come from one
 fused autograd function whose backward writes the logits' gradient in a single buffer; the
 same formula through autograd's generic ops costs about twice the time over the [N, V] logits.
+Every function here that takes `logits` also takes a `HiddenStates` (arealite/train/lm_head.py):
+then the same per-row computation runs on blocks of logits made from the hidden states, and
+the [N, V] logits never exist.
 """
 
 from __future__ import annotations
@@ -18,29 +21,26 @@ import torch
 
 from arealite.algo.losses import entropy_from_logits
 from arealite.algo.truncation import Truncation, truncated_token_logprobs
+from arealite.train.lm_head import ChunkedHead, HiddenStates, accepts_hidden_states
 
 ENTROPY_CHUNK = 1024  # rows per [chunk, V] fp32 temporary (entropy, gradient): a large vocabulary never needs more
 
 
 class _NextTokenLogprobs(torch.autograd.Function):
-    """log softmax(logits[t] / T)[targets[t]] for rows t = 0..N-2 of logits [N, V], fused.
+    """log softmax(logits[t] / T)[targets[t]] for rows t < n = len(targets) of logits [M >= n, V], fused.
 
-    Forward keeps no [N, V] temporary beyond what the ops need; backward writes the gradient
+    Forward keeps no [M, V] temporary beyond what the ops need; backward writes the gradient
     of the whole logits tensor in one buffer: -g * softmax, plus g at each target, and zero
-    for the last row (it predicts nothing here). Autograd's own version of the same formula
-    allocates and zero-fills several [N, V] tensors (the slice, the gather, the division by
-    T). With `entropy`, also returns the (non-differentiable) entropy of each row's
-    distribution, from the same log-normaliser.
+    for the rows past n (the last row of a packed micro-batch predicts nothing here).
+    Autograd's own version of the same formula allocates and zero-fills several [N, V] tensors
+    (the slice, the gather, the division by T). With `entropy`, also returns the
+    (non-differentiable) entropy of each row's distribution, from the same log-normaliser.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
-        x = _scaled(logits[:-1], temperature)
-        logz = torch.logsumexp(x, dim=-1)
-        lp = x.gather(-1, targets[:, None]).squeeze(-1) - logz
-        ent = None
-        if entropy:
-            ent = torch.cat([_entropy(c, z) for c, z in _chunks(x, logz)])
+        lp, ent, logz = _fused_forward(logits, targets, temperature, entropy)
+        if ent is not None:
             ctx.mark_non_differentiable(ent)
         ctx.save_for_backward(logits, targets, logz)
         ctx.temperature = temperature
@@ -49,17 +49,60 @@ class _NextTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_lp: torch.Tensor, _grad_ent: torch.Tensor | None):
         logits, targets, logz = ctx.saved_tensors
-        t = ctx.temperature
-        wide = torch.promote_types(logits.dtype, torch.float32)
-        g = grad_lp.to(wide) / t if t != 1.0 else grad_lp.to(wide)  # d/dlogits = d/dx / T
-        grad = torch.empty(logits.shape, dtype=wide, device=logits.device)
-        body = grad[:-1]
-        for rows, c, z, gc in _chunks(body, logits[:-1], logz, g):
-            torch.sub(_scaled(c, t), z[:, None], out=rows)
-            rows.exp_().mul_(-gc[:, None])  # -g * softmax
-        body.scatter_add_(1, targets[:, None], g[:, None])
-        grad[-1] = 0.0
-        return grad.to(logits.dtype), None, None, None
+        return _fused_grad(logits, targets, logz, grad_lp, ctx.temperature), None, None, None
+
+
+def _fused_forward(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
+    """(log-probs [n], entropy [n] or None, log-normaliser [n]) of rows t < n = len(targets)."""
+    x = _scaled(logits[: targets.shape[0]], temperature)
+    logz = torch.logsumexp(x, dim=-1)
+    lp = x.gather(-1, targets[:, None]).squeeze(-1) - logz
+    ent = torch.cat([_entropy(c, z) for c, z in _chunks(x, logz)]) if entropy else None
+    return lp, ent, logz
+
+
+def _fused_grad(logits, targets, logz, grad_lp, t: float) -> torch.Tensor:
+    """d(sum grad_lp * log-probs)/d logits, in one [M, V] buffer of the logits' dtype."""
+    wide = torch.promote_types(logits.dtype, torch.float32)
+    g = grad_lp.to(wide) / t if t != 1.0 else grad_lp.to(wide)  # d/dlogits = d/dx / T
+    grad = torch.empty(logits.shape, dtype=wide, device=logits.device)
+    n = targets.shape[0]
+    body = grad[:n]
+    for rows, c, z, gc in _chunks(body, logits[:n], logz, g):
+        torch.sub(_scaled(c, t), z[:, None], out=rows)
+        rows.exp_().mul_(-gc[:, None])  # -g * softmax
+    body.scatter_add_(1, targets[:, None], g[:, None])
+    grad[n:] = 0.0
+    return grad.to(logits.dtype)
+
+
+class _Rows:
+    """One block of rows for `ChunkedHead`: log-probs and entropy of a [rows, V] block of logits,
+    and the block's gradient. Untruncated with a gradient-free entropy (the default), the fused
+    formulas above, saving the block's log-normaliser; otherwise autograd through `_rows_logprobs`
+    on the block made again."""
+
+    def __init__(self, temperature: float, truncation: Truncation | None, entropy: bool, entropy_grad: bool):
+        self.args = (temperature, truncation, entropy, entropy_grad)
+        self.fused = truncation is None and not (entropy and entropy_grad)
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor):
+        temperature, _, entropy, _ = self.args
+        if self.fused:
+            return _fused_forward(logits, targets, temperature, entropy)
+        return (*_rows_logprobs(logits, targets, *self.args), None)
+
+    def grad(self, logits, targets, logz, grad_lp, grad_ent) -> torch.Tensor:
+        if self.fused:
+            return _fused_grad(logits, targets, logz, grad_lp, self.args[0])
+        with torch.enable_grad():
+            x = logits.detach().requires_grad_(True)
+            lp, ent = _rows_logprobs(x, targets, *self.args)
+            outs, grads = [lp], [grad_lp]
+            if ent is not None and ent.requires_grad and grad_ent is not None:
+                outs.append(ent)
+                grads.append(grad_ent)
+            return torch.autograd.grad(outs, x, grads)[0]
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -77,7 +120,7 @@ def _token_aligned(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tens
 
 
 def packed_token_logprobs(
-    logits: torch.Tensor,
+    logits: torch.Tensor | HiddenStates,
     input_ids: torch.Tensor,
     cu_seqlens: torch.Tensor,
     temperature: float = 1.0,
@@ -88,41 +131,69 @@ def packed_token_logprobs(
 
 
 def packed_logprobs_and_entropy(
-    logits: torch.Tensor,
+    logits: torch.Tensor | HiddenStates,
     input_ids: torch.Tensor,
     cu_seqlens: torch.Tensor,
     temperature: float = 1.0,
     truncation: Truncation | None = None,
     entropy: bool = True,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [N], entropy [N] or None), fp32 and token-aligned alike.
 
     The entropy at token t is that of softmax(logits[t-1] / T), the distribution the token
-    was sampled from (untruncated even with a `truncation`), without a gradient; it costs
-    two passes over the logits beside the log-probs' own, as it shares their log-normaliser.
+    was sampled from (untruncated even with a `truncation`), without a gradient unless
+    `entropy_grad` (an entropy bonus: then one more softmax through autograd); without it, it
+    costs two passes over the logits beside the log-probs' own, as it shares their log-normaliser.
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 to define logprobs; greedy rollouts use 1.0")
     n = logits.shape[0]
     if n < 2:
-        zeros = logits.new_zeros(n, dtype=torch.float32)
+        zeros = torch.zeros(n, dtype=torch.float32, device=logits.device)
         return zeros, (zeros.clone() if entropy else None)
     nxt = input_ids[1:].to(logits.device)  # the token each position predicts
-    if truncation is not None:
-        lp = truncated_token_logprobs(_scaled(logits[:-1], temperature), nxt, truncation)
-        ent = None
-        if entropy:
-            with torch.no_grad():
-                x = _scaled(logits[:-1].detach(), temperature)
-                ent = torch.cat([entropy_from_logits(c) for (c,) in _chunks(x)])
+    if isinstance(logits, HiddenStates):
+        rows = _Rows(float(temperature), truncation, entropy, entropy_grad)
+        grad = entropy and entropy_grad
+        lp, ent = ChunkedHead.apply(logits.hidden[:-1], logits.weight, nxt, rows, logits.chunk, grad)
     else:
-        lp, ent = _NextTokenLogprobs.apply(logits, nxt, float(temperature), entropy)
+        lp, ent = _rows_logprobs(logits, nxt, float(temperature), truncation, entropy, entropy_grad)
     return _token_aligned(lp, cu_seqlens), (_token_aligned(ent, cu_seqlens) if ent is not None else None)
 
 
-def packed_token_entropy(logits: torch.Tensor, cu_seqlens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def _rows_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    truncation: Truncation | None,
+    entropy: bool,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log p(targets[t]), entropy or None) of rows t < n = len(targets) of logits [M >= n, V]."""
+    n = targets.shape[0]
+    ent = None
+    if truncation is not None:
+        lp = truncated_token_logprobs(_scaled(logits[:n], temperature), targets, truncation)
+        if entropy and not entropy_grad:
+            with torch.no_grad():
+                x = _scaled(logits[:n].detach(), temperature)
+                ent = torch.cat([entropy_from_logits(c) for (c,) in _chunks(x)])
+    else:
+        lp, ent = _NextTokenLogprobs.apply(logits, targets, temperature, entropy and not entropy_grad)
+    if entropy and entropy_grad:
+        ent = entropy_from_logits(_scaled(logits[:n], temperature))
+    return lp, ent
+
+
+def packed_token_entropy(
+    logits: torch.Tensor | HiddenStates, cu_seqlens: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """The entropy of `packed_logprobs_and_entropy`, token-aligned [N], WITH its gradient (an
-    entropy bonus); one [N, V] fp32 softmax through autograd."""
+    entropy bonus); one [N, V] fp32 softmax through autograd (a block at a time from a `HiddenStates`)."""
+    if isinstance(logits, HiddenStates):
+        ids = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)  # a target is needed; unused
+        return packed_logprobs_and_entropy(logits, ids, cu_seqlens, temperature, entropy_grad=True)[1]
     if logits.shape[0] < 2:
         return logits.new_zeros(logits.shape[0], dtype=torch.float32)
     return _token_aligned(entropy_from_logits(_scaled(logits[:-1], temperature)), cu_seqlens)
@@ -140,8 +211,8 @@ def _chunks(*tensors: torch.Tensor):
 
 def batch_token_logprobs(engine, batch: dict, temperature: float, truncation: Truncation | None = None) -> torch.Tensor:
     """`engine.forward` -> logprobs [B, T]; 0 at t = 0, on padding and outside `loss_mask`."""
-    hook = lambda logits, mb: packed_token_logprobs(  # noqa: E731
-        logits, mb["input_ids"], mb["cu_seqlens"], temperature, truncation
+    hook = accepts_hidden_states(
+        lambda logits, mb: packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"], temperature, truncation)
     )
     logp = engine.forward(batch, hook)
     keep = batch["attention_mask"].bool()

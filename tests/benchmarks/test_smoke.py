@@ -38,6 +38,7 @@ FIGURES = {
     "engines.py": "client_on_vllm_vs_raw",
     "lockstep_schedule.py": "lockstep_vs_interruptible",
     "lora_memory.py": "lora_memory_ratio",
+    "memory.py": "head_share_ratio_32k",
     "rollout_overhead.py": "overhead_pct",
     "scale.py": "weight_sync_vs_floor",
     "server_throughput.py": "speedup_vs_sorted_batched_generate",
@@ -77,7 +78,8 @@ def test_every_script_has_a_documented_figure() -> None:
 # two), scale.py's six
 # processes across simulated hosts; lora_memory.py, deterministic_server.py and
 # lockstep_schedule.py each take about a minute under xdist, and what they run is tested on its own
-# (tests/train/test_lora*.py, tests/server/test_deterministic.py, tests/e2e/test_reproducible.py).
+# (tests/train/test_lora*.py, tests/server/test_deterministic.py, tests/e2e/test_reproducible.py);
+# memory.py starts ten measuring processes (the chunked head it measures: tests/train/test_lm_head.py).
 # async_speedup.py and vs_trl.py run several launcher-sized arms each (sync and async layouts; TRL
 # beside arealite): the suite's time; the loop they time is the one tests/e2e runs. engines.py
 # starts a vLLM server (a minute or more) and runs only with vLLM and the real model.
@@ -90,6 +92,7 @@ HEAVY = {
     "time_to_accuracy.py",
     "scale.py",
     "lora_memory.py",
+    "memory.py",
     "deterministic_server.py",
     "lockstep_schedule.py",
 }

@@ -1,13 +1,14 @@
 """One trainer rank for the multi-process tests (started by `run_ranks` with torchrun's env vars).
 
-    python tests/train/dist_worker.py update|uneven MODEL_DIR OUT_DIR [fused]
+    python tests/train/dist_worker.py update|uneven MODEL_DIR OUT_DIR [fused|chunked]
     python tests/train/dist_worker.py sync MODEL_DIR OUT_DIR ADDR1,ADDR2 GROUP_PORT
 
 `update`: one PPO step on this rank's share of a fixed global batch; writes stats and the
 updated model (`uneven`: see `train_one_step`; `fused`: no explicit `compute_logp` pass, the
-update takes `prox_logp` from its own forward). `sync`: the same step, then a distributed
-weight upload to the servers at ADDR1,ADDR2 over a gloo group (rank 0 does the HTTP side),
-then writes the model.
+update takes `prox_logp` from its own forward; `chunked`: the LM head in 4-token blocks,
+`actor.head_chunk_tokens=4`, where the default leaves these short micro-batches whole).
+`sync`: the same step, then a distributed weight upload to the servers at ADDR1,ADDR2 over a
+gloo group (rank 0 does the HTTP side), then writes the model.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from tests.train.helpers import make_batch
 GLOBAL_LENS = [12, 5, 9, 7, 3, 10, 6, 8]
 
 
-def train_one_step(model_dir: str, uneven: bool = False, fused: bool = False) -> tuple[PPOActor, dict, dict]:
+def train_one_step(
+    model_dir: str, uneven: bool = False, fused: bool = False, chunked: bool = False
+) -> tuple[PPOActor, dict, dict]:
     """`uneven`: rank 0 holds one group and the last rank the rest, not re-dealt, with more
     micro-batches than rank 0 has sequences (so rank 0 runs zero-weight filler passes)."""
     rank, n_ranks = world.init_distributed()
@@ -45,7 +48,8 @@ def train_one_step(model_dir: str, uneven: bool = False, fused: bool = False) ->
     # 1e-4 keeps the 1-vs-2-rank comparison about the gradients, not float summation order.
     mb_spec = MicroBatchSpec(n_mbs=3, balance_across_ranks=False) if uneven else MicroBatchSpec(n_mbs=2)
     cfg = PPOActorConfig(path=model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-2, eps=1e-4), c_clip=3.0,
-                         mb_spec=mb_spec, use_decoupled_loss=True)  # fmt: skip
+                         mb_spec=mb_spec, use_decoupled_loss=True,
+                         head_chunk_tokens=4 if chunked else 2048)  # fmt: skip
     actor = PPOActor(cfg, GenerationHyperparameters(group_size=2)).initialize()
     batch = make_batch(GLOBAL_LENS, seed=21)
     batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
@@ -133,7 +137,8 @@ def sync(actor: PPOActor, addrs: list[str], port: int) -> None:
 def main(argv: list[str]) -> None:
     mode, model_dir, out_dir = argv[:3]
     fused = mode != "sync" and argv[3:4] == ["fused"]
-    actor, stats, batch = train_one_step(model_dir, uneven=mode == "uneven", fused=fused)
+    chunked = mode != "sync" and argv[3:4] == ["chunked"]
+    actor, stats, batch = train_one_step(model_dir, uneven=mode == "uneven", fused=fused, chunked=chunked)
     os.makedirs(out_dir, exist_ok=True)
     record_balance(batch, out_dir)
     if mode == "sync":
