@@ -246,7 +246,14 @@ class SGLangProtocol:
         lora_name: str | None = None,
         version: int = 0,
     ) -> dict[str, Any]:
-        return generate_body(input_ids, gconfig, max_new_tokens, produced, lora_name)
+        body = generate_body(input_ids, gconfig, max_new_tokens, produced, lora_name)
+        if body.get("processed_logprobs") and gconfig.truncation_rule not in (None, "joint"):
+            raise ValueError(
+                f"gconfig.truncation_rule={gconfig.truncation_rule!r}: an SGLang-protocol server truncates jointly "
+                "(top_k, top_p and min_p on one distribution), and the trainer's logprobs replay "
+                "gconfig.truncation_rule; set gconfig.truncation_rule='joint' or leave it unset"
+            )
+        return body
 
     def parse_generate(self, reply: Any) -> GenerateChunk:
         return parse_generate_reply(reply)

@@ -33,6 +33,7 @@ RELOAD_METHOD = "arealite_reload_weights"
 CLOSE_UPDATE_METHOD = "arealite_close_weight_update"  # finishes a streamed update a dead trainer left open
 WORKER_EXTENSION = "arealite_vllm_worker.ArealiteWorker"
 MAX_TEMPERATURE = 2.0  # vLLM refuses a higher temperature
+TRUNCATION_RULE = "sequential"  # how vLLM combines min_p, top_k and top_p (arealite/algo/truncation.py)
 _NEG_INF_SENTINEL = -9999.0  # vLLM's JSON for a minus-infinity logprob
 # arealite's pause modes as vLLM's: abort = abort in-flight requests (partial output comes back);
 # in_place = freeze them with their KV cache; retract = freeze them, free their KV (recomputed on resume)
@@ -49,6 +50,14 @@ def check_gconfig(gconfig: GenerationHyperparameters) -> None:
     if gconfig.temperature > MAX_TEMPERATURE:
         raise ValueError(f"gconfig.temperature={gconfig.temperature} is above vLLM's limit {MAX_TEMPERATURE}")
     truncating = gconfig.top_p < 1.0 or gconfig.top_k > 0 or gconfig.min_p > 0.0
+    replayed = truncating and gconfig.truncated_logprobs and gconfig.temperature >= GREEDY_TEMPERATURE
+    if replayed and gconfig.truncation_rule != TRUNCATION_RULE:
+        # the trainer replays gconfig's rule (None: joint, the built-in server's), whatever built the objects
+        raise ValueError(
+            f"gconfig.truncation_rule={gconfig.truncation_rule!r}: a vLLM server truncates sequentially "
+            "(min_p, then top_k, then top_p), and the trainer's logprobs replay gconfig.truncation_rule; "
+            f"set gconfig.truncation_rule={TRUNCATION_RULE!r} (an experiment config with server.backend=vllm does)"
+        )
     if truncating and not gconfig.truncated_logprobs:
         raise ValueError(
             "a vLLM server reports logprobs of the truncated distribution it samples from (--logprobs-mode "

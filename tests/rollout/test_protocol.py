@@ -166,3 +166,24 @@ def test_error_message_envelopes():
     assert error_message({"object": "error", "message": "bad", "code": 400}) == "bad"
     assert error_message({"success": False, "message": "no weights"}) == "no weights"
     assert error_message("Internal Server Error") == "Internal Server Error"
+
+
+@pytest.mark.parametrize(
+    "adapter, wrong, right",
+    [("vllm", [None, "joint"], "sequential"), ("sglang", ["sequential"], "joint")],
+)
+def test_an_adapter_refuses_a_truncation_rule_its_server_does_not_truncate_by(adapter, wrong, right):
+    """The trainer replays gconfig.truncation_rule, whatever built the objects: each backend's
+    adapter refuses a gconfig whose rule is not its server's when the rule matters."""
+    from arealite.rollout.protocol import SGLangProtocol
+    from arealite.rollout.vllm_protocol import VLLMProtocol
+
+    server = VLLMProtocol() if adapter == "vllm" else SGLangProtocol()
+    for rule in wrong:
+        g = GenerationHyperparameters(temperature=0.7, top_p=0.8, top_k=20, truncation_rule=rule)
+        with pytest.raises(ValueError, match=rf"gconfig.truncation_rule={rule!r}.*set gconfig.truncation_rule="):
+            server.generate_body([1, 2], g, 4)
+        # the rule does not matter when nothing truncates, or for greedy rows
+        server.generate_body([1, 2], GenerationHyperparameters(temperature=0.7, truncation_rule=rule), 4)
+        server.generate_body([1, 2], GenerationHyperparameters(temperature=0.0, top_k=20, truncation_rule=rule), 4)
+    server.generate_body([1, 2], GenerationHyperparameters(temperature=0.7, top_p=0.8, truncation_rule=right), 4)
