@@ -71,6 +71,13 @@ class GenerationHyperparameters:
         return 1.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature
 
     @property
+    def truncates_logprobs(self) -> bool:
+        """Whether behaviour and trainer logprobs are of a truncated distribution (`logprob_truncation`
+        is not None), decided without building the truncation (which imports torch)."""
+        cuts = self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+        return cuts and self.truncated_logprobs and self.temperature >= GREEDY_TEMPERATURE
+
+    @property
     def logprob_truncation(self) -> Truncation | None:
         """The truncation the trainer's logprobs apply, or None for full-vocabulary logprobs:
         nothing truncates, `truncated_logprobs` is off, or sampling is greedy (which keeps

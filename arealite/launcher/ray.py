@@ -25,11 +25,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from arealite import backends
 from arealite.config import GRPOConfig
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.local import POLL_INTERVAL
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, with_package_path
-from arealite.launcher.server_cmd import server_command, servers_use_gpus
+from arealite.launcher.server_cmd import server_command
 from arealite.launcher.signals import reclaim_signals, signals_ignored
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, prepare_run_dir, record_process
 from arealite.utils import net
@@ -130,9 +131,9 @@ class TrainerActor:
 
 def placement_bundles(config: GRPOConfig, backend: str, cluster_gpus: bool) -> list[dict[str, float]]:
     """One bundle per server, then one per trainer rank; GPUs when the servers take them
-    (`servers_use_gpus`: SGLang, or vLLM on a cluster with GPUs)."""
+    (`backends.uses_gpus`, with the cluster's GPUs)."""
     launcher = config.launcher
-    gpu = servers_use_gpus(backend, cluster_gpus)
+    gpu = backends.uses_gpus(backend, cluster_gpus)
     server = {"CPU": launcher.cpus_per_server, **({"GPU": launcher.gpus_per_server} if gpu else {})}
     trainer = {"CPU": launcher.cpus_per_trainer, **({"GPU": 1} if gpu else {})}
     return [dict(server) for _ in range(launcher.n_servers)] + [dict(trainer) for _ in range(launcher.n_trainers)]
@@ -189,7 +190,7 @@ class RayRun:
     def reserve(self, backend: str) -> None:
         launcher = self.config.launcher
         cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        self.on_gpus = servers_use_gpus(backend, cluster_gpus)
+        self.on_gpus = backends.uses_gpus(backend, cluster_gpus)
         bundles = placement_bundles(self.config, backend, cluster_gpus)
         self.pg = placement_group(bundles, strategy="PACK")
         try:

@@ -12,9 +12,9 @@ import os
 import shlex
 import sys
 
+from arealite import backends
 from arealite.config import GRPOConfig
 from arealite.launcher.process import with_package_path
-from arealite.launcher.server_cmd import servers_use_gpus
 from arealite.utils import net
 
 
@@ -49,11 +49,11 @@ def servers_script(
     gpus_visible: bool = False,
 ) -> str:
     """The sbatch script that runs the setup commands, then every server as one job step; GPUs
-    per task when the servers take them (`servers_use_gpus`; `gpus_visible`: the submitting host's)."""
+    per task when the servers take them (`backends.uses_gpus`; `gpus_visible`: the submitting host's)."""
     launcher = config.launcher
     lines = _header(config, "servers", run_dir)
     lines += [f"#SBATCH --ntasks={launcher.n_servers}", f"#SBATCH --cpus-per-task={launcher.cpus_per_server}"]
-    if servers_use_gpus(backend, gpus_visible):
+    if backends.uses_gpus(backend, gpus_visible):
         lines.append(f"#SBATCH --gpus-per-task={launcher.gpus_per_server}")
     lines += [f"#SBATCH {arg}" for arg in launcher.slurm_sbatch_args]
     lines += _preamble(config, cwd)
@@ -102,7 +102,7 @@ def trainer_script(
     lines = _header(config, "trainer", run_dir)
     lines += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1"]
     lines.append(f"#SBATCH --cpus-per-task={per_node * launcher.cpus_per_trainer}")
-    if servers_use_gpus(backend, gpus_visible):
+    if backends.uses_gpus(backend, gpus_visible):
         lines.append(f"#SBATCH --gpus-per-node={per_node}")
     lines += [f"#SBATCH {arg}" for arg in launcher.slurm_sbatch_args]
     lines += _preamble(config, cwd)

@@ -17,6 +17,7 @@ import socket
 import sys
 import time
 
+from arealite import backends
 from arealite.config import GRPOConfig, load_config
 from arealite.launcher.launch_args import exit_code
 from arealite.launcher.server_cmd import server_command
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m arealite.launcher.serve", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="the run's resolved config.yaml")
     p.add_argument("--run-dir", required=True, help="the run directory (logs, addresses)")
-    p.add_argument("--backend", required=True, choices=["builtin", "sglang", "vllm"])
+    p.add_argument("--backend", required=True, choices=sorted(backends.ENGINE_NAMES))
     p.add_argument("--index", type=int, default=None, help="server index; default $SLURM_PROCID")
     a = p.parse_args(argv)
     index = a.index if a.index is not None else int(os.environ.get("SLURM_PROCID", "0"))

@@ -3,7 +3,7 @@
 vLLM lives in its own environment (it pins torch and transformers): its interpreter is
 $AREALITE_VLLM_PYTHON, else the README's `~/.venvs/arealite-vllm` (what `.ci/run` installs).
 Without it the tests here are skipped, naming the install line. The server runs a tiny Qwen2
-model (tied embeddings) built on the spot, with the flags the launchers use (`server_cmd.vllm_command`); its
+model (tied embeddings) built on the spot, with the flags the launchers use (`backends.vllm_launch.vllm_command`); its
 process group is killed at session end and dies with pytest (PR_SET_PDEATHSIG, see
 arealite/launcher/process.py). Every test here is in the xdist group "vllm" (tests/conftest.py),
 so one worker owns the server.
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from arealite.backends.vllm import RELOAD_METHOD
+from arealite.backends.vllm_launch import VLLM_PYTHON_ENV, vllm_command, vllm_python
 from arealite.launcher.process import ManagedProcess
-from arealite.launcher.server_cmd import VLLM_PYTHON_ENV, vllm_command, vllm_python
-from arealite.rollout.vllm_protocol import RELOAD_METHOD
 from arealite.utils import net
 
 INSTALL_HINT = f"install it as the README says (section vLLM), or point {VLLM_PYTHON_ENV} at its python"
