@@ -38,7 +38,7 @@ class GenerateChunk:
     version_spans: list[tuple[int, int, int]] = field(default_factory=list)  # (version, start, end)
     error_status: int | None = None  # an abort carrying an error status (>= 400)
     message: str = ""
-    processed_logprobs: bool = False  # the server says its logprobs are of the truncated distribution (§1.6)
+    processed_logprobs: bool = False  # the server says its logprobs are the truncated ones (protocol.md §1.6)
 
 
 @dataclass
@@ -151,7 +151,7 @@ def error_message(body: Any) -> str:
 
 
 def group_fields(meta: WeightUpdateMeta, rank_offset: int, world_size: int) -> dict[str, Any]:
-    """What a server needs to join the trainer's weight-update group (§3.3) as `rank_offset`."""
+    """What a server needs to join the trainer's weight-update group (protocol.md §3.3) as `rank_offset`."""
     return {
         "master_address": meta.master_address,
         "master_port": int(meta.master_port),

@@ -1,5 +1,5 @@
 """SGLang's native protocol (real SGLang and arealite's built-in server): the `Backend` adapter,
-its launch argv, and what it refuses (docs/backends.md; wire format: docs/protocol.md §1-§7).
+its launch argv, and what it refuses (the seam: docs/backends.md; wire format: docs/protocol.md §1-§7).
 
 Bodies and parsing are pure functions, tolerant of the differences between SGLang 0.5.5 and
 0.5.23 (protocol.md §7): token ids come from `meta_info.output_token_logprobs` when `output_ids`

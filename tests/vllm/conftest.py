@@ -109,18 +109,11 @@ def _wait_healthy(proc: ManagedProcess, server: VLLMServer) -> None:
     pytest.fail(f"the vLLM server did not answer /health within {START_TIMEOUT_S}s:\n{server.log_tail()}")
 
 
-# package scope: the server stops after the last test here (tests/vllm is a package for that), so
-# it does not idle beside the rest of the suite; xdist runs this directory's tests in one go.
-@pytest.fixture(scope="package")
-def vllm_server(tmp_path_factory):
-    """Starts ONE vLLM server for the tests under tests/vllm; yields a `VLLMServer`."""
-    python = vllm_python()
-    if not _vllm_importable(python):
-        pytest.skip(f"vLLM is not installed for {python}; {INSTALL_HINT}")
-    root = tmp_path_factory.mktemp("vllm")
-    model_dir = build_vllm_tiny_model(str(root / "model"))
+def start_vllm_server(root, model_dir: str, python: str, flags=lambda cmd: cmd):
+    """A vLLM server of `model_dir` started as the launchers start it (`flags` may change its argv);
+    a generator that yields the healthy `VLLMServer` and stops it after."""
     port = net.free_ports(1, "127.0.0.1")[0]
-    cmd = vllm_command(python, model_dir, "127.0.0.1", port, max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
+    cmd = flags(vllm_command(python, model_dir, "127.0.0.1", port, max_model_len=MAX_MODEL_LEN, max_num_seqs=32))
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("AREALITE_VLLM_THREADS", "2"))
     env.pop("PYTHONPATH", None)  # vLLM's environment, not ours
     # cwd: Python puts it first on the path of vLLM's helper processes; a stray module there would shadow vLLM's
@@ -135,3 +128,20 @@ def vllm_server(tmp_path_factory):
         yield server
     finally:
         proc.stop(grace=10.0)
+
+
+def installed_vllm_python() -> str:
+    python = vllm_python()
+    if not _vllm_importable(python):
+        pytest.skip(f"vLLM is not installed for {python}; {INSTALL_HINT}")
+    return python
+
+
+# package scope: the server stops after the last test here (tests/vllm is a package for that), so
+# it does not idle beside the rest of the suite; xdist runs this directory's tests in one go.
+@pytest.fixture(scope="package")
+def vllm_server(tmp_path_factory):
+    """Starts ONE vLLM server for the tests under tests/vllm; yields a `VLLMServer`."""
+    python = installed_vllm_python()
+    root = tmp_path_factory.mktemp("vllm")
+    yield from start_vllm_server(root, build_vllm_tiny_model(str(root / "model")), python)
