@@ -71,6 +71,13 @@ def judge_server_command(config: GRPOConfig, host: str, port: int, python: str |
     return cmd + ["--max-running-requests", str(max(server.max_running_requests, config.judge.max_batch_size))]
 
 
+def n_teachers(config: GRPOConfig) -> int:
+    """Teacher servers a launcher starts: `distill.n_servers` when it serves `distill.teacher_path`
+    (none when the teacher runs elsewhere, at `distill.address`)."""
+    distill = config.distill
+    return distill.n_servers if distill is not None and distill.teacher_path and not distill.address else 0
+
+
 def teacher_server_command(
     config: GRPOConfig, host: str, port: int, backend: str, python: str | None = None
 ) -> list[str]:
