@@ -266,9 +266,10 @@ class VLLMProtocol:
 
 def refusals_teacher() -> str:
     return (
-        "distill with server.backend=vllm: a teacher's prompt logprobs at the student's temperature and "
-        "truncation are not read from vLLM yet, and no other server stands in for it; distil with "
-        "server.backend=builtin, or serve the teacher on an SGLang-protocol server and set distill.address"
+        "distill with server.backend=vllm: vLLM serves no teacher yet (its prompt logprobs skip the sampling "
+        "processors: temperature 1, untruncated, not the student's), and no other server stands in for it; "
+        "distil with server.backend=builtin, or serve the teacher on an SGLang-protocol server and set "
+        "distill.address"
     )
 
 
