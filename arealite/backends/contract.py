@@ -103,6 +103,16 @@ class Backend(Protocol):
         """The logprob lists of `prompt_logprobs_call`'s reply (entry 0 kept as 0); ValueError if malformed."""
         ...
 
+    def model_info_call(self) -> str:
+        """The GET path that names the served model's files (`model_path`, `tokenizer_path`)."""
+        ...
+
+    def tokenize_call(self, text: str) -> Call:
+        """A request whose reply says how the server tokenizes `text` (a teacher's tokenizer check)."""
+        ...
+
+    def parse_tokenized(self, reply: Any) -> list[int]: ...
+
     def refuse(self, config: Any) -> list[str]:
         """Every setting of an experiment config (GRPOConfig) this backend cannot honour, each with its fix."""
         ...

@@ -241,6 +241,21 @@ class SGLangProtocol:
             out.append(values)
         return out
 
+    def model_info_call(self) -> str:
+        return "/get_model_info"
+
+    def tokenize_call(self, text: str) -> Call:
+        return self.generate_path, {
+            "text": text,
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
+
+    def parse_tokenized(self, reply: Any) -> list[int]:
+        result = reply[0] if isinstance(reply, list) else reply
+        return [int(e[1]) for e in result["meta_info"]["input_token_logprobs"]]
+
     def refuse(self, config: Any) -> list[str]:
         return refuse(config)
 

@@ -260,6 +260,15 @@ class VLLMProtocol:
     def parse_prompt_logprobs(self, reply: Any, rows: list[tuple[list[int], int]]) -> list[list[float]]:
         raise ValueError(refusals_teacher())
 
+    def model_info_call(self) -> str:
+        raise ValueError(refusals_teacher())
+
+    def tokenize_call(self, text: str) -> Call:
+        raise ValueError(refusals_teacher())
+
+    def parse_tokenized(self, reply: Any) -> list[int]:
+        raise ValueError(refusals_teacher())
+
     def refuse(self, config: Any) -> list[str]:
         return refuse(config)
 

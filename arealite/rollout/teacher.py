@@ -195,19 +195,19 @@ class TeacherClient:
     async def _check_tokenizer(self, address: str) -> None:
         """Refuse a teacher whose tokenizer differs from the student's, naming both (ValueError)."""
         timeout, setting = self.failure.health_check_timeout, "rollout.health_check_timeout"
-        status, info = await self.transport.request("GET", address, "/get_model_info", None, timeout, setting=setting)
+        info_path = self.server.model_info_call()
+        status, info = await self.transport.request("GET", address, info_path, None, timeout, setting=setting)
         info = info if status == 200 and isinstance(info, dict) else {}
         teacher_path = info.get("tokenizer_path") or info.get("model_path") or ""
         student = _load_tokenizer(self.student_tokenizer)
         if teacher_path and os.path.isdir(teacher_path):  # the teacher's files are here: compare vocabularies
             detail = vocab_difference(student, _load_tokenizer(teacher_path))
         else:  # a teacher elsewhere: compare how it tokenizes a probe text with how the student does
-            body = {"text": PROBE_TEXT, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}
-            body["logprob_start_len"] = 0
-            status, reply = await self.transport.request(
-                "POST", address, "/generate", body, self.config.request_timeout
-            )
-            got = [e[1] for e in _as_list(reply, status, address)[0]["meta_info"]["input_token_logprobs"]]
+            path, body = self.server.tokenize_call(PROBE_TEXT)
+            status, reply = await self.transport.request("POST", address, path, body, self.config.request_timeout)
+            if status != 200:
+                raise GenerationError(f"teacher {path} returned {status}: {error_message(reply)}", address)
+            got = self.server.parse_tokenized(reply)
             want = student.encode(PROBE_TEXT)
             detail = (
                 None
@@ -242,9 +242,3 @@ def vocab_difference(student: Any, teacher: Any) -> str | None:
     example = f"e.g. {moved[0]!r} is id {a[moved[0]]} here and {b[moved[0]]} there" if moved else f"e.g. {only[0]!r}"
     counts = f"vocabularies of {len(a)} and {len(b)} tokens, {len(moved)} at other ids and {len(only)} in one only"
     return f"{counts} ({example})"
-
-
-def _as_list(reply: Any, status: int, address: str) -> list[Any]:
-    if status != 200:
-        raise GenerationError(f"teacher /generate returned {status}: {error_message(reply)}", address)
-    return reply if isinstance(reply, list) else [reply]
