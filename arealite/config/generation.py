@@ -48,8 +48,9 @@ class GenerationHyperparameters:
         "how the trainer's logprobs combine top_k / top_p / min_p, which must be the serving backend's: "
         "joint (the built-in server's: all three tests on softmax(logits / T)) | sequential (vLLM's: min_p, "
         "then top_k, then top_p on the renormalised remainder); None: server.backend's rule (filled in by "
-        "the experiment config; joint outside one). verl, TRL and SkyRL recompute full-vocabulary logprobs "
-        "against vLLM's truncated ones (docs/protocol.md §1.6.1)",
+        "the experiment config; outside one the trainer replays joint, and a vLLM client refuses it). "
+        "verl, TRL and SkyRL recompute full-vocabulary logprobs against vLLM's truncated ones "
+        "(docs/protocol.md §1.6.1)",
     )
 
     def __post_init__(self) -> None:
