@@ -29,9 +29,9 @@ _EXPORTS = {
     "reward_fn_for": "arealite.eval.task",
     "held_out_records": "arealite.eval.task",
     # rollout
-    "RemoteSGLangEngine": "arealite.rollout.remote_sglang",
-    "RemoteVLLMEngine": "arealite.rollout.remote_vllm",
-    "rollout_client": "arealite.rollout.remote_vllm",
+    "rollout_client": "arealite.rollout.client",  # the client of config.server.backend's servers
+    "RemoteSGLangEngine": "arealite.rollout.client",  # AReaL's names of the same client, per backend
+    "RemoteVLLMEngine": "arealite.rollout.client",
     "StepBatches": "arealite.rollout.step_batches",
     "TeacherClient": "arealite.rollout.teacher",
     "DynamicSampler": "arealite.rollout.dynamic_sampling",
@@ -90,10 +90,9 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run
     from arealite.recover import EngineGroup, Recover
     from arealite.reward.pool import RewardPool
     from arealite.rollout.batch import trajectory_from_tokens
+    from arealite.rollout.client import RemoteSGLangEngine, RemoteVLLMEngine, rollout_client
     from arealite.rollout.dynamic_sampling import DynamicSampler
     from arealite.rollout.lockstep import LockstepRollout
-    from arealite.rollout.remote_sglang import RemoteSGLangEngine
-    from arealite.rollout.remote_vllm import RemoteVLLMEngine, rollout_client
     from arealite.rollout.step_batches import StepBatches
     from arealite.rollout.teacher import TeacherClient
     from arealite.server.process import launch_server_process

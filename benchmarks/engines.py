@@ -84,7 +84,7 @@ def job_records(config, n_prompts: int) -> list[dict]:
 
 def raw_bodies(config, records: list[dict], tokenizer) -> list[dict]:
     """The exact `/inference/v1/generate` bodies `RLVRWorkflow` has the client send (version 0)."""
-    from arealite.rollout.vllm_protocol import VLLMProtocol
+    from arealite.backends.vllm import VLLMProtocol
     from arealite.workflow.prompt import encode_prompt
     from arealite.workflow.seeding import seeded_gconfig
 
@@ -97,7 +97,7 @@ def raw_bodies(config, records: list[dict], tokenizer) -> list[dict]:
 
 
 def iomp_library() -> str:
-    from arealite.launcher.server_cmd import vllm_python
+    from arealite.backends.vllm_launch import vllm_python
 
     path = os.path.join(os.path.dirname(os.path.dirname(vllm_python())), "lib", "libiomp5.so")
     return path if os.path.isfile(path) else ""
@@ -272,7 +272,7 @@ def resolved(candidates: list[str], cpus: list[int]) -> dict[str, dict[str, str]
 
 
 def check_inputs(model: str) -> None:
-    from arealite.launcher.server_cmd import vllm_python
+    from arealite.backends.vllm_launch import vllm_python
 
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise SystemExit(

@@ -208,8 +208,8 @@ def server_overhead(
     a run is `batches` rounds of `in_flight` requests, one after the other."""
     import aiohttp
 
+    from arealite.backends.sglang import generate_body
     from arealite.rollout.loop import EventLoopThread
-    from arealite.rollout.protocol import generate_body
     from arealite.rollout.transport import KEEPALIVE_S, Transport
 
     group = 4

@@ -18,7 +18,6 @@ from arealite.config.run import LauncherConfig, RecoverConfig, StatsLoggerConfig
 from arealite.config.train import PPOActorConfig, PPOCriticConfig, SFTConfig, TrainEngineConfig
 
 WeightUpdateMode = Literal["disk", "distributed", "lora"]
-VLLM_MIN_TEMPERATURE = 0.01  # vLLM 0.32 raises a temperature in (0, 0.01) to this (SamplingParams)
 
 
 @dataclass
@@ -123,7 +122,8 @@ class GRPOConfig:
 
     def _check_truncation_rule(self) -> None:
         """The trainer replays the serving backend's truncation (docs/protocol.md §1.6.1): fill
-        `gconfig.truncation_rule` from `server.backend`, and refuse settings vLLM would not honour."""
+        `gconfig.truncation_rule` from `server.backend`. What a backend cannot honour is refused by
+        arealite.backends.check, right after the config loads (docs/backends.md)."""
         gconfig, backend = self.gconfig, self.server.backend
         rule = "sequential" if backend == "vllm" else "joint"
         if gconfig.truncation_rule is None:
@@ -132,20 +132,6 @@ class GRPOConfig:
             raise ConfigError(
                 f"gconfig.truncation_rule={gconfig.truncation_rule!r} is not how server.backend={backend!r} "
                 f"truncates ({rule!r}): the trainer's logprobs would not be the server's; leave it unset"
-            )
-        if backend != "vllm":
-            return
-        if 0.0 < gconfig.temperature < VLLM_MIN_TEMPERATURE:
-            raise ConfigError(
-                f"gconfig.temperature={gconfig.temperature} is raised to {VLLM_MIN_TEMPERATURE} by vLLM, which "
-                f"the trainer would not know; set 0 (greedy) or at least {VLLM_MIN_TEMPERATURE}"
-            )
-        truncates = gconfig.top_p < 1.0 or gconfig.top_k > 0 or gconfig.min_p > 0.0
-        if truncates and gconfig.temperature > 0.0 and not gconfig.truncated_logprobs:
-            raise ConfigError(
-                "gconfig.truncated_logprobs=false with top_p / top_k / min_p truncating: a vLLM server reports "
-                "the truncated distribution's logprobs (--logprobs-mode processed_logprobs), the trainer would "
-                "compute full-vocabulary ones; set gconfig.truncated_logprobs=true"
             )
 
     def _check_lora(self) -> None:

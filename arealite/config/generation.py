@@ -48,8 +48,9 @@ class GenerationHyperparameters:
         "how the trainer's logprobs combine top_k / top_p / min_p, which must be the serving backend's: "
         "joint (the built-in server's: all three tests on softmax(logits / T)) | sequential (vLLM's: min_p, "
         "then top_k, then top_p on the renormalised remainder); None: server.backend's rule (filled in by "
-        "the experiment config; joint outside one). verl, TRL and SkyRL recompute full-vocabulary logprobs "
-        "against vLLM's truncated ones (docs/protocol.md §1.6.1)",
+        "the experiment config; outside one the trainer replays joint, and a vLLM client refuses it). "
+        "verl, TRL and SkyRL recompute full-vocabulary logprobs against vLLM's truncated ones "
+        "(docs/protocol.md §1.6.1)",
     )
 
     def __post_init__(self) -> None:
@@ -69,6 +70,13 @@ class GenerationHyperparameters:
         """The temperature of the logprobs a server reports, which the trainer must reproduce:
         the sampling temperature, or 1 for greedy sampling (SGLang's greedy rewrite)."""
         return 1.0 if self.temperature < GREEDY_TEMPERATURE else self.temperature
+
+    @property
+    def truncates_logprobs(self) -> bool:
+        """Whether behaviour and trainer logprobs are of a truncated distribution (`logprob_truncation`
+        is not None), decided without building the truncation (which imports torch)."""
+        cuts = self.top_p < 1.0 or self.top_k > 0 or self.min_p > 0.0
+        return cuts and self.truncated_logprobs and self.temperature >= GREEDY_TEMPERATURE
 
     @property
     def logprob_truncation(self) -> Truncation | None:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from arealite import backends
 from arealite.config import ConfigError, GRPOConfig, load_config
 from arealite.launcher.signals import Interrupted, raising_on_signals, received
 from arealite.launcher.supervision import LaunchError, log
@@ -56,7 +57,7 @@ def parse_launch_args(argv: list[str], name: str, allowed_options: tuple[str, ..
         raise ConfigError(f"training script {script!r} does not exist (cwd: {os.getcwd()})")
     # after SCRIPT, --help prints every config field and exits 0
     prog = f"python -m arealite.launcher.{name} {script}"
-    config = load_config(trainer_args, GRPOConfig, prog=prog, script_sections=True)
+    config = backends.check(load_config(trainer_args, GRPOConfig, prog=prog, script_sections=True))
     return LaunchArgs(script=script, trainer_args=trainer_args, config=config, options=options)
 
 

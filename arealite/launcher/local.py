@@ -24,16 +24,15 @@ import os
 import sys
 import time
 
+from arealite import backends
 from arealite.config import ConfigError, GRPOConfig
 from arealite.devices import check_gpus_for_ranks, requested_train_device
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, stop_all
 from arealite.launcher.server_cmd import (
-    ENGINE_NAMES,
     judge_server_command,
     resolve_backend,
     server_command,
-    servers_use_gpus,
     teacher_server_command,
     visible_gpus,
 )
@@ -47,16 +46,16 @@ POLL_INTERVAL = 0.5  # seconds between supervision steps
 
 
 def allocate_gpus(config: GRPOConfig, backend: str) -> tuple[list[list[str]], list[str]] | None:
-    """GPU ids per server and for the trainer (SGLang, or vLLM where GPUs are visible:
-    `servers_use_gpus`), or None when the servers run on CPU."""
+    """GPU ids per server and for the trainer (where the backend's servers take GPUs:
+    `backends.uses_gpus`), or None when the servers run on CPU."""
     gpus = visible_gpus()
-    if not servers_use_gpus(backend, bool(gpus)):
+    if not backends.uses_gpus(backend, bool(gpus)):
         return None
     launcher = config.launcher
     need = launcher.n_servers * launcher.gpus_per_server + launcher.n_trainers
     if len(gpus) < need:
         raise ConfigError(
-            f"{launcher.n_servers} {ENGINE_NAMES[backend]} servers x launcher.gpus_per_server="
+            f"{launcher.n_servers} {backends.ENGINE_NAMES[backend]} servers x launcher.gpus_per_server="
             f"{launcher.gpus_per_server} plus "
             f"launcher.n_trainers={launcher.n_trainers} need {need} GPUs, but {len(gpus)} are visible; "
             "lower those values or set server.backend=builtin"
@@ -162,7 +161,7 @@ class LocalRun:
             env = dict(os.environ, **{PARENT_PID_ENV: str(os.getpid())})  # it stops once the launcher is gone
             if gpus is not None:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[i])
-            if backend in ("builtin", "vllm"):  # torch threads = its reserved CPUs, as for the trainer (trainer_env)
+            if backend in backends.OMP_THREADED:  # torch threads = its reserved CPUs, as for the trainer (trainer_env)
                 env.setdefault("OMP_NUM_THREADS", str(launcher.cpus_per_server))
             server = SupervisedServer(
                 name=f"server-{i}",

@@ -10,6 +10,8 @@ on the same address, as the local launcher does); each trainer actor runs one ra
 with the torchrun variables set (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT).
 Logs go to `<run_dir>/logs/` (the run directory must be on a filesystem every node sees).
 Actors get this process's AREAL*, OMP_*, NCCL_*, TORCH*, HF_* and similar variables.
+Distillation teachers (`distill.teacher_path`) run as server actors too, in bundles after the
+trainers', and reach the ranks as AREAL_TEACHER_SERVER_ADDRS, as under the local launcher.
 Any failure (a server out of restarts, a rank exiting non-zero, an actor dying) tears
 everything down and exits non-zero.
 """
@@ -25,11 +27,12 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from arealite import backends
 from arealite.config import GRPOConfig
 from arealite.launcher.launch_args import LaunchArgs, run_launcher
 from arealite.launcher.local import POLL_INTERVAL
 from arealite.launcher.process import ManagedProcess, describe_exit, exit_status, run_setup_commands, with_package_path
-from arealite.launcher.server_cmd import server_command, servers_use_gpus
+from arealite.launcher.server_cmd import n_teachers, server_command, teacher_server_command
 from arealite.launcher.signals import reclaim_signals, signals_ignored
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, prepare_run_dir, record_process
 from arealite.utils import net
@@ -63,15 +66,19 @@ def forwarded_env() -> dict[str, str]:
 class ServerActor:
     """Runs and supervises one inference server on the node it is placed on."""
 
-    def __init__(self, config: GRPOConfig, index: int, backend: str, run_dir: str, host: str | None) -> None:
-        self.name = f"server-{index}"
+    def __init__(
+        self, config: GRPOConfig, index: int, backend: str, run_dir: str, host: str | None, role: str = "server"
+    ) -> None:
+        """`role`: server (a policy server) | teacher (a distillation teacher, `distill.teacher_path`)."""
+        self.name = f"{role}-{index}"
         host = host or ray.util.get_node_ip_address()
         record_process(run_dir, f"actor:{self.name}", os.getpid())
         port = net.free_ports(1, host)[0]
         launcher = config.launcher
+        command = teacher_server_command if role == "teacher" else server_command
         self.server = SupervisedServer(
             name=self.name,
-            cmd=server_command(config, host, port, backend),
+            cmd=command(config, host, port, backend),
             host=host,
             port=port,
             log_path=os.path.join(run_dir, "logs", f"{self.name}.log"),
@@ -129,13 +136,18 @@ class TrainerActor:
 
 
 def placement_bundles(config: GRPOConfig, backend: str, cluster_gpus: bool) -> list[dict[str, float]]:
-    """One bundle per server, then one per trainer rank; GPUs when the servers take them
-    (`servers_use_gpus`: SGLang, or vLLM on a cluster with GPUs)."""
+    """One bundle per server, then one per trainer rank, then one per teacher server (as a
+    server's); GPUs when the servers take them (`backends.uses_gpus`, with the cluster's GPUs)."""
     launcher = config.launcher
-    gpu = servers_use_gpus(backend, cluster_gpus)
+    gpu = backends.uses_gpus(backend, cluster_gpus)
     server = {"CPU": launcher.cpus_per_server, **({"GPU": launcher.gpus_per_server} if gpu else {})}
     trainer = {"CPU": launcher.cpus_per_trainer, **({"GPU": 1} if gpu else {})}
-    return [dict(server) for _ in range(launcher.n_servers)] + [dict(trainer) for _ in range(launcher.n_trainers)]
+    servers = [dict(server) for _ in range(launcher.n_servers + n_teachers(config))]
+    return (
+        servers[: launcher.n_servers]
+        + [dict(trainer) for _ in range(launcher.n_trainers)]
+        + servers[launcher.n_servers :]
+    )
 
 
 def _get(refs, what: str):
@@ -158,9 +170,11 @@ class RayRun:
         self.started_cluster = False
         self.pg = None
         self.servers: list = []
+        self.teachers: list = []
+        self.teacher_addrs: list[str] = []
         self.trainers: list = []
         self.nodes: list[str] = []  # each rank's node address
-        self.restarts = [0] * self.config.launcher.n_servers  # restarts seen so far, per server
+        self.restarts = [0] * (self.config.launcher.n_servers + n_teachers(self.config))  # per server, teacher
         self.on_gpus = False  # servers and trainer ranks get GPUs (placement_bundles)
 
     def connect(self) -> str:
@@ -172,7 +186,8 @@ class RayRun:
             ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
             return ""  # each actor binds to its own node's address
         launcher = self.config.launcher
-        needed = launcher.n_servers * launcher.cpus_per_server + launcher.n_trainers * launcher.cpus_per_trainer
+        servers = launcher.n_servers + n_teachers(self.config)
+        needed = servers * launcher.cpus_per_server + launcher.n_trainers * launcher.cpus_per_trainer
         # An explicit CPU count: Ray otherwise sizes the node from the machine and a placement
         # group that does not fit waits forever without a word.
         ray.init(
@@ -189,7 +204,7 @@ class RayRun:
     def reserve(self, backend: str) -> None:
         launcher = self.config.launcher
         cluster_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        self.on_gpus = servers_use_gpus(backend, cluster_gpus)
+        self.on_gpus = backends.uses_gpus(backend, cluster_gpus)
         bundles = placement_bundles(self.config, backend, cluster_gpus)
         self.pg = placement_group(bundles, strategy="PACK")
         try:
@@ -213,14 +228,21 @@ class RayRun:
                 self.config, i, backend, self.run_dir, host or None
             )
             self.servers.append(actor)
-        log(f"started {launcher.n_servers} {backend} server actor(s); waiting for /health")
+        first = launcher.n_servers + launcher.n_trainers  # the teachers' bundles follow the trainers'
+        for i in range(n_teachers(self.config)):
+            actor = self._in_bundle(ServerActor, first + i, launcher.cpus_per_server, gpus).remote(
+                self.config, i, backend, self.run_dir, host or None, "teacher"
+            )
+            self.teachers.append(actor)
+        log(f"started {launcher.n_servers} {backend} server actor(s), {len(self.teachers)} teacher(s); waiting")
         deadline = time.monotonic() + launcher.server_start_timeout + CALL_TIMEOUT
         while True:
-            states = _get([s.check.remote() for s in self.servers], "server start")
+            states = _get([s.check.remote() for s in self.servers + self.teachers], "server start")
             for _, _, failure in states:
                 if failure:
                     raise LaunchError(failure)
             if all(healthy for healthy, _, _ in states):
+                self.teacher_addrs = _get([s.addr.remote() for s in self.teachers], "teacher addresses")
                 return _get([s.addr.remote() for s in self.servers], "server addresses")
             if time.monotonic() > deadline:
                 raise LaunchError("servers did not become healthy in time")
@@ -245,6 +267,8 @@ class RayRun:
                 "LOCAL_RANK": str(same_node.index(rank)), "LOCAL_WORLD_SIZE": str(len(same_node)),
                 "MASTER_ADDR": nodes[0], "MASTER_PORT": str(master_port),
             }  # fmt: skip
+            if self.teacher_addrs:
+                env[net.TEACHER_ADDRS_ENV] = ",".join(self.teacher_addrs)
             starts.append(actor.start.remote(cmd, env, os.getcwd()))
         pids = _get(starts, "trainer start")
         log(f"trainer ranks started (pids {pids}); servers {addrs}")
@@ -261,16 +285,15 @@ class RayRun:
             if all(code == 0 for code in codes):
                 log("all trainer ranks exited with code 0")
                 return 0
-            states = _get([s.check.remote() for s in self.servers], "server check")
+            states = _get([s.check.remote() for s in self.servers + self.teachers], "server check")
+            n = launcher.n_servers
             for i, (_healthy, restarts, failure) in enumerate(states):
                 if failure:
                     raise LaunchError(failure)
                 if restarts > self.restarts[i]:
                     self.restarts[i] = restarts
-                    log(
-                        f"server-{i} died and was restarted on its address ({restarts} of "
-                        f"{launcher.max_server_restarts})"
-                    )
+                    name = f"server-{i}" if i < n else f"teacher-{i - n}"
+                    log(f"{name} died and was restarted on its address ({restarts} of {launcher.max_server_restarts})")
             time.sleep(POLL_INTERVAL)
 
     def poll_trainers(self) -> list[int | None]:
@@ -307,7 +330,7 @@ class RayRun:
 
     def teardown(self) -> None:
         """Stop every child process through its actor, then the actors, the group and the cluster."""
-        actors = self.trainers + self.servers
+        actors = self.trainers + self.servers + self.teachers
         stops = [a.stop.remote() for a in actors]
         try:
             ray.get(stops, timeout=CALL_TIMEOUT)

@@ -1,9 +1,10 @@
 """The two sbatch scripts of a Slurm launch: the servers job and the trainer job.
 
-Servers: one job step of `n_servers` tasks, each a supervised server
-(`python -m arealite.launcher.serve`) that publishes its address once healthy. Trainer:
-`srun torchrun` with one task per node over `trainer_nodes` nodes; it waits for every server
-address, exports `AREAL_LLM_SERVER_ADDRS`, and rendezvous on the job's first node.
+Servers: one job step of `n_servers` tasks (plus one per distillation teacher the launcher
+serves), each a supervised server (`python -m arealite.launcher.serve`) that publishes its
+address once healthy. Trainer: `srun torchrun` with one task per node over `trainer_nodes`
+nodes; it waits for every address, exports `AREAL_LLM_SERVER_ADDRS` (and
+`AREAL_TEACHER_SERVER_ADDRS`), and rendezvous on the job's first node.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import os
 import shlex
 import sys
 
+from arealite import backends
 from arealite.config import GRPOConfig
 from arealite.launcher.process import with_package_path
-from arealite.launcher.server_cmd import servers_use_gpus
+from arealite.launcher.server_cmd import n_teachers
 from arealite.utils import net
 
 
@@ -49,11 +51,12 @@ def servers_script(
     gpus_visible: bool = False,
 ) -> str:
     """The sbatch script that runs the setup commands, then every server as one job step; GPUs
-    per task when the servers take them (`servers_use_gpus`; `gpus_visible`: the submitting host's)."""
+    per task when the servers take them (`backends.uses_gpus`; `gpus_visible`: the submitting host's)."""
     launcher = config.launcher
     lines = _header(config, "servers", run_dir)
-    lines += [f"#SBATCH --ntasks={launcher.n_servers}", f"#SBATCH --cpus-per-task={launcher.cpus_per_server}"]
-    if servers_use_gpus(backend, gpus_visible):
+    tasks = launcher.n_servers + n_teachers(config)
+    lines += [f"#SBATCH --ntasks={tasks}", f"#SBATCH --cpus-per-task={launcher.cpus_per_server}"]
+    if backends.uses_gpus(backend, gpus_visible):
         lines.append(f"#SBATCH --gpus-per-task={launcher.gpus_per_server}")
     lines += [f"#SBATCH {arg}" for arg in launcher.slurm_sbatch_args]
     lines += _preamble(config, cwd)
@@ -67,20 +70,24 @@ def servers_script(
     return "\n".join(lines) + "\n"
 
 
-def _wait_for_addresses(n_servers: int, run_dir: str, timeout: float) -> list[str]:
+def _wait_for_addresses(n_servers: int, run_dir: str, timeout: float, teacher_count: int = 0) -> list[str]:
     addr_dir = shlex.quote(os.path.join(run_dir, "servers"))
-    files = " ".join(f"{addr_dir}/server-{i}.addr" for i in range(n_servers))
-    return [
+    servers = " ".join(f"{addr_dir}/server-{i}.addr" for i in range(n_servers))
+    teachers = " ".join(f"{addr_dir}/teacher-{i}.addr" for i in range(teacher_count))
+    lines = [
         "# Wait until every server has published its address (it does once /health answers).",
         f"deadline=$((SECONDS + {int(timeout)}))",
-        f"until ls {files} >/dev/null 2>&1; do",
+        f"until ls {servers} {teachers} >/dev/null 2>&1; do",
         "  if [ $SECONDS -ge $deadline ]; then",
         f'    echo "servers did not publish their addresses in {addr_dir} within {int(timeout)}s" >&2; exit 1',
         "  fi",
         "  sleep 1",
         "done",
-        f"export {net.SERVER_ADDRS_ENV}=$(cat {files} | paste -sd, -)",
+        f"export {net.SERVER_ADDRS_ENV}=$(cat {servers} | paste -sd, -)",
     ]
+    if teachers:
+        lines.append(f"export {net.TEACHER_ADDRS_ENV}=$(cat {teachers} | paste -sd, -)")
+    return lines
 
 
 def trainer_script(
@@ -102,11 +109,11 @@ def trainer_script(
     lines = _header(config, "trainer", run_dir)
     lines += [f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1"]
     lines.append(f"#SBATCH --cpus-per-task={per_node * launcher.cpus_per_trainer}")
-    if servers_use_gpus(backend, gpus_visible):
+    if backends.uses_gpus(backend, gpus_visible):
         lines.append(f"#SBATCH --gpus-per-node={per_node}")
     lines += [f"#SBATCH {arg}" for arg in launcher.slurm_sbatch_args]
     lines += _preamble(config, cwd)
-    lines += _wait_for_addresses(launcher.n_servers, run_dir, launcher.server_start_timeout + 600)
+    lines += _wait_for_addresses(launcher.n_servers, run_dir, launcher.server_start_timeout + 600, n_teachers(config))
     lines += [
         'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"export MASTER_PORT=$({shlex.quote(python)} -m arealite.utils.net free-port)",

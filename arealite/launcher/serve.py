@@ -2,9 +2,10 @@
 
     python -m arealite.launcher.serve --config RUN_DIR/config.yaml --run-dir RUN_DIR --backend builtin
 
-The server index is `--index`, else $SLURM_PROCID. The server binds to this node's address
+The task index is `--index`, else $SLURM_PROCID: tasks 0 .. n_servers-1 are the policy servers,
+the rest distillation teachers (`distill.teacher_path`). A server binds to this node's address
 on a free port, and once it answers `/health` its `host:port` is published in
-`RUN_DIR/servers/server-<i>.addr`, where the trainer job reads it. A dead server is
+`RUN_DIR/servers/<server|teacher>-<i>.addr`, where the trainer job reads it. A dead server is
 restarted on the same address up to `launcher.max_server_restarts` times; after that this
 process exits 1 with a message naming the server, which ends the job step.
 """
@@ -17,9 +18,10 @@ import socket
 import sys
 import time
 
+from arealite import backends
 from arealite.config import GRPOConfig, load_config
 from arealite.launcher.launch_args import exit_code
-from arealite.launcher.server_cmd import server_command
+from arealite.launcher.server_cmd import server_command, teacher_server_command
 from arealite.launcher.signals import signals_ignored
 from arealite.launcher.supervision import SupervisedServer, record_process
 from arealite.utils import net
@@ -27,9 +29,9 @@ from arealite.utils import net
 POLL_INTERVAL = 0.5
 
 
-def address_file(run_dir: str, index: int) -> str:
-    """Where server `index` publishes its address for the trainer."""
-    return os.path.join(run_dir, "servers", f"server-{index}.addr")
+def address_file(run_dir: str, index: int, role: str = "server") -> str:
+    """Where server (or teacher) `index` publishes its address for the trainer."""
+    return os.path.join(run_dir, "servers", f"{role}-{index}.addr")
 
 
 def _publish(path: str, addr: str) -> None:
@@ -41,14 +43,17 @@ def _publish(path: str, addr: str) -> None:
 
 
 def serve(config: GRPOConfig, run_dir: str, backend: str, index: int) -> None:
-    """Start server `index`, publish its address once healthy, supervise it until killed."""
-    name = f"server-{index}"
+    """Start task `index`'s server, publish its address once healthy, supervise it until killed."""
+    n = config.launcher.n_servers
+    role, index = ("server", index) if index < n else ("teacher", index - n)
+    command = server_command if role == "server" else teacher_server_command
+    name = f"{role}-{index}"
     record_process(run_dir, f"supervisor:{name}", os.getpid())
     host = socket.gethostbyname(socket.gethostname())
     port = net.free_ports(1, host)[0]
     server = SupervisedServer(
         name=name,
-        cmd=server_command(config, host, port, backend),
+        cmd=command(config, host, port, backend),
         host=host,
         port=port,
         log_path=os.path.join(run_dir, "logs", f"{name}.log"),
@@ -59,7 +64,7 @@ def serve(config: GRPOConfig, run_dir: str, backend: str, index: int) -> None:
     try:
         server.start()
         server.wait_healthy()
-        _publish(address_file(run_dir, index), server.addr)
+        _publish(address_file(run_dir, index, role), server.addr)
         while True:
             time.sleep(POLL_INTERVAL)
             server.check()
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m arealite.launcher.serve", description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, help="the run's resolved config.yaml")
     p.add_argument("--run-dir", required=True, help="the run directory (logs, addresses)")
-    p.add_argument("--backend", required=True, choices=["builtin", "sglang", "vllm"])
+    p.add_argument("--backend", required=True, choices=sorted(backends.ENGINE_NAMES))
     p.add_argument("--index", type=int, default=None, help="server index; default $SLURM_PROCID")
     a = p.parse_args(argv)
     index = a.index if a.index is not None else int(os.environ.get("SLURM_PROCID", "0"))

@@ -108,7 +108,7 @@ class SlurmRun:
         prepare_run_dir(self.run_dir, self.config, subdirs=("logs", "slurm", "servers"))
         for stale in glob.glob(os.path.join(self.run_dir, "servers", "*.addr")):
             os.remove(stale)  # a previous launch's addresses would mislead the trainer
-        # 'auto', and whether vLLM servers take GPUs, decide on this host: submit from a node like
+        # 'auto', and whether the backend's servers take GPUs, decide on this host: submit from a node like
         # the compute nodes, or set server.backend.
         backend, gpus = resolve_backend(self.config.server), bool(visible_gpus())
         cwd = os.getcwd()

@@ -110,7 +110,7 @@ class JudgeReward:
     def _body(self, texts: list[str]) -> dict[str, Any]:
         """The rollout client's /generate body, greedy; with the logprob verdict one token, whose
         top logprobs carry the verdict."""
-        from arealite.rollout.protocol import generate_body
+        from arealite.backends.sglang import generate_body
 
         c = self.config
         logprob = c.verdict == "logprob"
@@ -121,8 +121,8 @@ class JudgeReward:
     async def _judge(self, texts: list[str]) -> list[float | Exception]:
         """One batched `/generate` call through the rollout client's transport; one score or
         VerdictError per text."""
+        from arealite.backends.contract import error_message
         from arealite.rollout.errors import TransientServerError
-        from arealite.rollout.protocol import error_message
         from arealite.rollout.transport import Transport
 
         address = self.addresses[next(self._turn) % len(self.addresses)]

@@ -1,5 +1,13 @@
-"""The rollout client: talks to SGLang-protocol or vLLM inference servers and runs workflows on them."""
+"""The rollout client (`RolloutClient`): talks to inference servers through their backend's adapter
+(arealite/backends/) and runs workflows on them."""
 
+from arealite.rollout.client import (
+    RemoteInferenceEngine,
+    RemoteSGLangEngine,
+    RemoteVLLMEngine,
+    RolloutClient,
+    rollout_client,
+)
 from arealite.rollout.errors import (
     GenerationError,
     RolloutError,
@@ -8,8 +16,6 @@ from arealite.rollout.errors import (
     WeightUpdateError,
 )
 from arealite.rollout.executor import RolloutWorkflowError, WorkflowExecutor
-from arealite.rollout.remote_sglang import RemoteInferenceEngine, RemoteSGLangEngine
-from arealite.rollout.remote_vllm import RemoteVLLMEngine
 from arealite.rollout.watchdog import RolloutStalledError
 
 __all__ = [
@@ -17,6 +23,7 @@ __all__ = [
     "RemoteInferenceEngine",
     "RemoteSGLangEngine",
     "RemoteVLLMEngine",
+    "RolloutClient",
     "RolloutError",
     "RolloutStalledError",
     "RolloutWorkflowError",
@@ -24,4 +31,5 @@ __all__ = [
     "TransientServerError",
     "WeightUpdateError",
     "WorkflowExecutor",
+    "rollout_client",
 ]

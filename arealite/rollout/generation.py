@@ -4,7 +4,7 @@ An `abort` reply (a pause for a weight sync) has its partial output appended to 
 and is resubmitted with the remaining budget once the client resumes. A failed call is
 retried with backoff on a live server; a server that also fails a health probe leaves the
 rotation and the request moves elsewhere without using a retry. Every output token carries
-the weight version that produced it (never a newer one, see `protocol.token_versions`).
+the weight version that produced it (never a newer one, see `token_versions`).
 
 The generator receives what it uses: the transport, the server pool, the version gate, the
 config, a health probe and a progress callback (the executor's watchdog).
@@ -16,15 +16,15 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from arealite.backends.contract import Backend, GenerateChunk, clamp_max_new_tokens, error_message, token_versions
+from arealite.backends.sglang import SGLangProtocol
 from arealite.config import InferenceEngineConfig
-from arealite.rollout import protocol
-from arealite.rollout.errors import GenerationError, ServerUnavailable, TransientServerError
+from arealite.rollout.errors import GenerationError, TransientServerError
+from arealite.rollout.failover import Failover
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.servers import ServerPool
 from arealite.rollout.transport import Transport
 from arealite.types import ModelRequest, ModelResponse
-
-_MAX_BACKOFF = 5.0  # seconds, the cap of the exponential backoff between retries
 
 
 class SampleGenerator:
@@ -38,9 +38,9 @@ class SampleGenerator:
         config: InferenceEngineConfig,
         probe: Callable[[str], Awaitable[bool]],
         on_progress: Callable[[], None],
-        server_protocol: protocol.SGLangProtocol | None = None,
+        server_protocol: Backend | None = None,
     ) -> None:
-        self._protocol = server_protocol or protocol.SGLangProtocol()
+        self._protocol = server_protocol or SGLangProtocol()
         self._transport = transport
         self._pool = pool
         self._gate = gate
@@ -48,6 +48,7 @@ class SampleGenerator:
         self._probe = probe
         self._on_progress = on_progress
         self.stats: dict[str, int] = {"requests": 0, "interruptions": 0, "retries": 0}
+        self._failover = Failover(pool, config, probe, self.stats)
 
     async def agenerate(self, req: ModelRequest) -> ModelResponse:
         """One sample for `req`, on the event loop."""
@@ -62,12 +63,12 @@ class SampleGenerator:
         while True:
             remaining = budget - resp.output_len
             await self._gate.wait_unpaused()  # resubmissions wait out a weight update client-side
-            address = await self._pick(group, remaining, req.rid)
+            address = await self._failover.pick(group, remaining, req.rid)
             sent_version = self._gate.version  # the servers hold at least this version (see token_versions)
             lora_name = self._gate.lora_name  # the adapter of that version (weight_update=lora)
             prompt = resp.input_tokens + resp.output_tokens
             context = self._pool.context_length(address)
-            now_budget = protocol.clamp_max_new_tokens(remaining, len(prompt), context)
+            now_budget = clamp_max_new_tokens(remaining, len(prompt), context)
             if now_budget <= 0:
                 self._pool.release(address, remaining)
                 if resp.output_len == 0:
@@ -85,14 +86,14 @@ class SampleGenerator:
                     address, prompt, req, now_budget, resp.output_len, lora_name, sent_version
                 )
             except TransientServerError as e:
-                failures = await self._after_failure(address, e, failures)
+                failures = await self._failover.after_failure(address, e, failures)
                 continue
             finally:
                 self._pool.release(address, remaining)
             self._on_progress()
             resp.output_tokens += chunk.tokens
             resp.output_logprobs += chunk.logprobs
-            resp.output_versions += protocol.token_versions(chunk, sent_version)
+            resp.output_versions += token_versions(chunk, sent_version)
             resp.server = address
             if chunk.finish_type != "abort":
                 resp.stop_reason = chunk.finish_type
@@ -116,7 +117,7 @@ class SampleGenerator:
         produced: int,
         lora_name: str | None = None,
         version: int = 0,
-    ) -> protocol.GenerateChunk:
+    ) -> GenerateChunk:
         server = self._protocol
         try:
             body = server.generate_body(prompt, req.gconfig, max_new_tokens, produced, lora_name, version)
@@ -127,7 +128,7 @@ class SampleGenerator:
             "POST", address, path, body, self.config.request_timeout, req.rid, "rollout.request_timeout"
         )
         if status != 200:
-            raise GenerationError(f"{path} returned {status}: {protocol.error_message(reply)}", address, req.rid)
+            raise GenerationError(f"{path} returned {status}: {error_message(reply)}", address, req.rid)
         try:
             chunk = server.parse_generate(reply)
         except ValueError as e:
@@ -147,37 +148,3 @@ class SampleGenerator:
                 f"server returned {len(chunk.tokens)} tokens for max_new_tokens={max_new_tokens}", address, req.rid
             )
         return chunk
-
-    async def _pick(self, group: str, work: int, rid: str) -> str:
-        """A server for `group`, waiting up to setup_timeout for one to come back if all are down."""
-        deadline = time.monotonic() + self.config.setup_timeout
-        while True:
-            address = self._pool.pick(group, work)
-            if address is not None:
-                return address
-            if time.monotonic() > deadline:
-                raise ServerUnavailable(
-                    f"no server in rotation for {self.config.setup_timeout}s (all of {self._pool.addresses} are down)",
-                    rid=rid,
-                )
-            await asyncio.sleep(min(0.5, self.config.health_check_interval))
-
-    async def _after_failure(self, address: str, error: TransientServerError, failures: int) -> int:
-        """Decide what a failed call means: a dead server leaves the rotation (the request moves
-        on without using a retry); a live one is retried with exponential backoff."""
-        if self._pool.is_healthy(address) and not await self._probe(address):
-            self._pool.take_out(address, f"a request failed ({error}) and so did a health probe")
-            return failures
-        if not self._pool.is_healthy(address):  # another request already took it out
-            return failures
-        failures += 1
-        if failures > self.config.request_retries:
-            raise ServerUnavailable(
-                f"gave up after {failures} failed attempts "
-                f"(rollout.request_retries={self.config.request_retries}): {error}",
-                address,
-                error.rid,
-            ) from error
-        self.stats["retries"] += 1
-        await asyncio.sleep(min(_MAX_BACKOFF, 0.2 * 2 ** (failures - 1)))
-        return failures

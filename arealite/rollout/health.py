@@ -97,7 +97,7 @@ class HealthMonitor:
                 await asyncio.sleep(0.5)
 
     async def alive(self, address: str) -> bool:
-        """True if `address` answers GET /get_model_info (vLLM: /health) within health_check_timeout:
+        """True if `address` answers its backend's liveness route within health_check_timeout:
         the liveness check while the servers are paused, when SGLang's /health (a generation)
         blocks."""
         return await self._get_ok(address, self._liveness_path)

@@ -1,15 +1,13 @@
 """`TeacherClient`: a teacher model's logprobs of the student's sampled tokens (on-policy distillation).
 
-The teacher is any SGLang-protocol server (built-in, SGLang, or a backend with the same
-`/generate`): it is asked for prompt logprobs with nothing generated (`max_new_tokens: 0`,
-`return_logprob`, `logprob_start_len` one token before the first loss token, list-valued per
-sequence), up to `distill.max_batch_size` sequences per request, the requests spread over the
-teacher servers by least outstanding work. Failures are handled as rollouts' are, with the
-rollout client's parts (transport, server pool, health monitor) and its settings
-(`rollout.request_retries`, `rollout.setup_timeout`, `rollout.health_check_*`): a failed
-request is retried with backoff, a server that also fails a health probe leaves the rotation
-and its requests move on, and it rejoins once healthy (it never needs weights). At start the
-teacher's tokenizer is compared with the student's (`check_same_tokenizer`).
+The teacher's servers are asked, through their backend's adapter (`prompt_logprobs_call`,
+arealite/backends/), for the prompt logprobs of each sequence from one token before its first
+loss token, at the student's temperature, up to `distill.max_batch_size` sequences per request,
+spread over the servers by least outstanding work; a backend or a truncation it cannot score
+under is refused at construction. Failures are handled by the rollout client's rule
+(failover.py) with its parts and settings (`rollout.request_retries`, `rollout.setup_timeout`,
+`rollout.health_check_*`); a server rejoins once healthy (it never needs weights). At start the
+teacher's tokenizer is compared with the student's.
 The advantage it feeds: arealite/algo/distill.py; the config: arealite/config/distill.py.
 """
 
@@ -18,15 +16,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import time
 from typing import Any
 
 import torch
 
+from arealite import backends
 from arealite.algo.distill import distill_advantages
+from arealite.backends.contract import error_message
 from arealite.config import DistillConfig, GenerationHyperparameters, GRPOConfig, InferenceEngineConfig
-from arealite.rollout import protocol
-from arealite.rollout.errors import GenerationError, ServerUnavailable, TransientServerError
+from arealite.rollout.errors import GenerationError, TransientServerError
+from arealite.rollout.failover import Failover
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.health import HealthMonitor
 from arealite.rollout.loop import EventLoopThread
@@ -35,7 +34,6 @@ from arealite.rollout.transport import Transport
 from arealite.utils.net import TEACHER_ADDRS_ENV
 
 Batch = dict[str, Any]
-_MAX_BACKOFF = 5.0  # seconds, the cap of the backoff between retries (as generation.py's)
 
 
 def teacher_addresses(config: DistillConfig) -> list[str]:
@@ -60,7 +58,13 @@ class TeacherClient:
         gconfig: GenerationHyperparameters,
         student_tokenizer: str,
         addresses: list[str] | None = None,
+        backend: str = "sglang",
     ) -> None:
+        """`backend`: the teacher servers' (server.backend when the launcher serves the teacher; an
+        SGLang-protocol server at distill.address otherwise). ValueError, naming the fix, where that
+        backend cannot score under the student's temperature and truncation."""
+        self.server = backends.adapter(backend)
+        self.server.prompt_logprobs_call([], gconfig)  # refuses here what it cannot score
         self.config, self.failure, self.gconfig = config, failure, gconfig
         self.student_tokenizer = student_tokenizer
         self.pool = ServerPool(addresses or teacher_addresses(config))
@@ -70,6 +74,9 @@ class TeacherClient:
         self._loop = EventLoopThread("arealite-teacher")
         self._chunks = itertools.count()
         self.stats = {"teacher_requests": 0, "teacher_retries": 0}
+        self._failover = Failover(
+            self.pool, failure, self.health.probe, self.stats, "teacher_retries", "a teacher request"
+        )
 
     @classmethod
     def from_config(cls, config: GRPOConfig) -> TeacherClient:
@@ -77,7 +84,8 @@ class TeacherClient:
         if config.distill is None:
             raise ValueError("the config has no distill: section; add one (distill.teacher_path=DIR) to distil")
         student = config.tokenizer_path or config.actor.path
-        return cls(config.distill, config.rollout, config.gconfig, student)
+        backend = "sglang" if config.distill.address else config.server.backend
+        return cls(config.distill, config.rollout, config.gconfig, student, backend=backend)
 
     async def _rejoin(self, address: str) -> bool:
         await self.health.bring_back(address)  # a teacher's weights never change: nothing to catch up
@@ -160,76 +168,46 @@ class TeacherClient:
 
     async def _ascore(self, chunk: list[tuple[int, list[int], int]]) -> list[list[float]]:
         """One request's logprob lists (entry k: token start + k), retried and failed over as a rollout's."""
-        body = {
-            "input_ids": [tokens for _, tokens, _ in chunk],
-            "sampling_params": {"max_new_tokens": 0, "temperature": self.gconfig.temperature},
-            "return_logprob": True,
-            "logprob_start_len": [start for _, _, start in chunk],
-        }
+        rows = [(tokens, start) for _, tokens, start in chunk]
+        path, body = self.server.prompt_logprobs_call(rows, self.gconfig)
         group, work = f"teacher-{next(self._chunks)}", sum(len(t) for _, t, _ in chunk)
         failures = 0
         self.stats["teacher_requests"] += 1
         while True:
-            address = await self._pick(group, work)
+            address = await self._failover.pick(group, work, servers="teacher server")
             try:
                 status, reply = await self.transport.request(
-                    "POST", address, "/generate", body, self.config.request_timeout, group, "distill.request_timeout"
+                    "POST", address, path, body, self.config.request_timeout, group, "distill.request_timeout"
                 )
             except TransientServerError as e:
-                failures = await self._after_failure(address, e, failures)
+                failures = await self._failover.after_failure(address, e, failures)
                 continue
             finally:
                 self.pool.release(address, work)
             self.pool.forget(group)
-            return [
-                _input_logprobs(r, len(t) - s, address) for r, (_, t, s) in zip(_as_list(reply, status, address), chunk)
-            ]
-
-    async def _pick(self, group: str, work: int) -> str:
-        deadline = time.monotonic() + self.failure.setup_timeout
-        while (address := self.pool.pick(group, work)) is None:
-            if time.monotonic() > deadline:
-                raise ServerUnavailable(
-                    f"no teacher server in rotation for rollout.setup_timeout={self.failure.setup_timeout}s "
-                    f"(all of {self.pool.addresses} are down)"
-                )
-            await asyncio.sleep(min(0.5, self.failure.health_check_interval))
-        return address
-
-    async def _after_failure(self, address: str, error: TransientServerError, failures: int) -> int:
-        """A dead server leaves the rotation (no retry used); a live one is retried with backoff."""
-        if self.pool.is_healthy(address) and not await self.health.probe(address):
-            self.pool.take_out(address, f"a teacher request failed ({error}) and so did a health probe")
-            return failures
-        if not self.pool.is_healthy(address):
-            return failures
-        failures += 1
-        if failures > self.failure.request_retries:
-            raise ServerUnavailable(
-                f"teacher request gave up after {failures} failed attempts "
-                f"(rollout.request_retries={self.failure.request_retries}): {error}",
-                address,
-            ) from error
-        self.stats["teacher_retries"] += 1
-        await asyncio.sleep(min(_MAX_BACKOFF, 0.2 * 2 ** (failures - 1)))
-        return failures
+            if status != 200:
+                raise GenerationError(f"teacher {path} returned {status}: {error_message(reply)}", address)
+            try:
+                return self.server.parse_prompt_logprobs(reply, rows)
+            except ValueError as e:
+                raise GenerationError(f"malformed teacher reply: {e}", address) from e
 
     async def _check_tokenizer(self, address: str) -> None:
         """Refuse a teacher whose tokenizer differs from the student's, naming both (ValueError)."""
         timeout, setting = self.failure.health_check_timeout, "rollout.health_check_timeout"
-        status, info = await self.transport.request("GET", address, "/get_model_info", None, timeout, setting=setting)
+        info_path = self.server.model_info_call()
+        status, info = await self.transport.request("GET", address, info_path, None, timeout, setting=setting)
         info = info if status == 200 and isinstance(info, dict) else {}
         teacher_path = info.get("tokenizer_path") or info.get("model_path") or ""
         student = _load_tokenizer(self.student_tokenizer)
         if teacher_path and os.path.isdir(teacher_path):  # the teacher's files are here: compare vocabularies
             detail = vocab_difference(student, _load_tokenizer(teacher_path))
         else:  # a teacher elsewhere: compare how it tokenizes a probe text with how the student does
-            body = {"text": PROBE_TEXT, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True}
-            body["logprob_start_len"] = 0
-            status, reply = await self.transport.request(
-                "POST", address, "/generate", body, self.config.request_timeout
-            )
-            got = [e[1] for e in _as_list(reply, status, address)[0]["meta_info"]["input_token_logprobs"]]
+            path, body = self.server.tokenize_call(PROBE_TEXT)
+            status, reply = await self.transport.request("POST", address, path, body, self.config.request_timeout)
+            if status != 200:
+                raise GenerationError(f"teacher {path} returned {status}: {error_message(reply)}", address)
+            got = self.server.parse_tokenized(reply)
             want = student.encode(PROBE_TEXT)
             detail = (
                 None
@@ -264,25 +242,3 @@ def vocab_difference(student: Any, teacher: Any) -> str | None:
     example = f"e.g. {moved[0]!r} is id {a[moved[0]]} here and {b[moved[0]]} there" if moved else f"e.g. {only[0]!r}"
     counts = f"vocabularies of {len(a)} and {len(b)} tokens, {len(moved)} at other ids and {len(only)} in one only"
     return f"{counts} ({example})"
-
-
-def _as_list(reply: Any, status: int, address: str) -> list[Any]:
-    if status != 200:
-        raise GenerationError(f"teacher /generate returned {status}: {protocol.error_message(reply)}", address)
-    return reply if isinstance(reply, list) else [reply]
-
-
-def _input_logprobs(result: Any, expected: int, address: str) -> list[float]:
-    """The `input_token_logprobs` values of one result; entry 0 (null in SGLang) is kept as 0."""
-    try:
-        entries = result["meta_info"]["input_token_logprobs"]
-        values = [0.0 if k == 0 else float(e[0]) for k, e in enumerate(entries)]
-    except (KeyError, TypeError, IndexError, ValueError) as e:
-        raise GenerationError(f"malformed teacher reply, no prompt logprobs: {type(e).__name__}: {e}", address) from e
-    if len(values) != expected:
-        raise GenerationError(
-            f"teacher returned {len(values)} prompt logprobs where {expected} were asked (from logprob_start_len on); "
-            "does the server support logprob_start_len with max_new_tokens 0?",
-            address,
-        )
-    return values

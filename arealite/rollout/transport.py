@@ -15,7 +15,7 @@ once per address (aiohttp's `trust_env` reads them on every request, in a worker
 
 A request that finds its kept-alive connection closed before any reply is sent once more on a
 new connection, whatever its method (servers may close one right after answering on it, as
-vLLM does after a failed weight-transfer route: docs/vllm.md §4; docs/protocol.md §1.10).
+a server does after a failed weight-transfer route: docs/protocol.md §1.10).
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from arealite.backends.contract import KEEPALIVE_S, error_message
 from arealite.rollout.errors import TransientServerError
-from arealite.rollout.protocol import error_message
 
-# Seconds an idle connection is kept (aiohttp's default: 15). Between two rollout batches the
-# client idles for a training step, often longer than that; with the default every request of
-# the next batch would open a new connection. A server may close one sooner (uvicorn after
-# 5 s): aiohttp sees the close and connects anew.
-KEEPALIVE_S = 600.0
+# KEEPALIVE_S: seconds an idle connection is kept (aiohttp's default: 15). Between two rollout
+# batches the client idles for a training step, often longer than that; with the default every
+# request of the next batch would open a new connection. A server may close one sooner (uvicorn
+# after 5 s): aiohttp sees the close and connects anew. The servers arealite starts keep it as long.
 
 
 def base_url(address: str) -> str:
@@ -133,7 +132,7 @@ class Transport:
             return await self._exchange(self._session, method, url, data, proxy, timeout, sent)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
             # the server closed the kept-alive connection without reading this request (uvicorn does so
-            # after an escaped exception's 500; vLLM's pooled connections after a weight sync): safe to
+            # after an escaped exception's 500; a server's pooled connections after a weight sync): safe to
             # send again, as aiohttp does only for idempotent methods; not when the connection was new
             # or a reply began. The retry opens a connection of its own: the pool may hold more closed ones
             if not sent.get("reused") or sent.get("answered"):

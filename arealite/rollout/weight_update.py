@@ -14,8 +14,9 @@ import asyncio
 import logging
 from typing import Any
 
+from arealite.backends.contract import Backend, Call, error_message
+from arealite.backends.sglang import SGLangProtocol
 from arealite.config import InferenceEngineConfig
-from arealite.rollout import protocol
 from arealite.rollout.errors import TransientServerError, WeightUpdateError
 from arealite.rollout.health import HealthMonitor
 from arealite.rollout.servers import ServerPool
@@ -39,9 +40,9 @@ class WeightUpdater:
         pool: ServerPool,
         config: InferenceEngineConfig,
         health: HealthMonitor,
-        server_protocol: protocol.SGLangProtocol | None = None,
+        server_protocol: Backend | None = None,
     ) -> None:
-        self._protocol = server_protocol or protocol.SGLangProtocol()
+        self._protocol = server_protocol or SGLangProtocol()
         self._transport = transport
         self._pool = pool
         self._config = config
@@ -66,7 +67,7 @@ class WeightUpdater:
         except TransientServerError as e:
             raise WeightUpdateError(f"POST {path} failed: {e}", address) from e
         if status != 200 or (isinstance(reply, dict) and reply.get("success") is False):
-            raise WeightUpdateError(f"POST {path} returned {status}: {protocol.error_message(reply)}", address)
+            raise WeightUpdateError(f"POST {path} returned {status}: {error_message(reply)}", address)
 
     async def _post_each(self, addresses: list[str], path: str, bodies: list[Any], post=None) -> None:
         """POST concurrently (through `post(address, path, body)`, default one call); a server
@@ -178,7 +179,7 @@ class WeightUpdater:
         keep = self._keeps_requests
         plans = {a: self._protocol.distributed_calls(meta, keep, self._pool.is_healthy(a)) for a in live}
 
-        async def phase(calls: dict[str, list[protocol.Call]]) -> None:
+        async def phase(calls: dict[str, list[Call]]) -> None:
             results = await asyncio.gather(*(self._post_in_order(a, calls[a]) for a in live), return_exceptions=True)
             for address, result in zip(list(live), results):
                 if isinstance(result, BaseException):
@@ -198,7 +199,7 @@ class WeightUpdater:
             self.awaiting.discard(address)
             await self._health.bring_back(address)
 
-    async def _post_in_order(self, address: str, calls: list[protocol.Call]) -> None:
+    async def _post_in_order(self, address: str, calls: list[Call]) -> None:
         for path, body in calls:
             await self._post_member(address, path, body)
 

@@ -167,8 +167,11 @@ def test_the_rule_follows_server_backend_through_the_experiment_config():
     ],
 )
 def test_settings_vllm_would_not_match_fail_naming_the_fix(overrides, message):
+    """Checked right after the config loads: by the config itself, or by its backend's refusals."""
+    from arealite import backends
+
     with pytest.raises(ConfigError) as info:
-        load_config(overrides, GRPOConfig)
+        backends.check(load_config(overrides, GRPOConfig))
     assert str(info.value).startswith(message), str(info.value)
 
 

@@ -124,7 +124,7 @@ def test_smoke_run_prints_its_figure(script: str, tiny_model_dir: str) -> None:
 
 
 def _skip_without_vllm_and_smollm2() -> None:
-    from arealite.launcher.server_cmd import vllm_python
+    from arealite.backends.vllm_launch import vllm_python
 
     if not (SMOLLM2 / "config.json").is_file():
         pytest.skip(f"engines.py runs the real model: build it with `python -m arealite.tools.smollm2 {SMOLLM2}`")

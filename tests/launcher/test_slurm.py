@@ -5,6 +5,7 @@ A full 2-server, 2-rank run of examples/gsm8k_grpo.py is in test_examples.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -45,13 +46,18 @@ def test_dry_run_prints_both_scripts_without_submitting(tmp_path, capsys):
 
 
 def test_killed_server_without_restarts_cancels_everything(slurm, launch, tiny_model_dir):
-    run = launch("slurm", [f"actor.path={tiny_model_dir}"], mode="wait")
+    """With a distillation teacher, started as the local launcher starts one (the rank reaches it),
+    and cancelled with everything else."""
+    run = launch("slurm", [f"actor.path={tiny_model_dir}", f"distill.teacher_path={tiny_model_dir}"], mode="wait")
     run.wait_for(run.trainers_started(1), timeout=180, what="the trainer rank")
+    run.wait_for(lambda: (run.run_dir / "teachers0.json").exists(), what="the rank's call to the teacher")
+    teachers = json.loads((run.run_dir / "teachers0.json").read_text())
+    assert [p["addr"] for p in run.processes() if p["name"] == "teacher-0"] == teachers["addrs"]
     pid = run.kill_first_server()
     code, _, err = run.finish(timeout=180)
     assert code != 0
     assert f"server-0 (pid {pid}" in err and "restarts used: 0 of 0" in err and "cancelled every job" in err
-    assert len(run.all_pids()) >= 4  # supervisor, server, torchrun, rank
+    assert len(run.all_pids()) >= 6  # supervisors, server, teacher, torchrun, rank
     assert not run.alive_pids()
 
 

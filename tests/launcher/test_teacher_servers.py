@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from arealite import backends
 from arealite.config import ConfigError, GRPOConfig, load_config
 from arealite.launcher.local import allocate_gpus, allocate_teacher_gpus
 from arealite.launcher.server_cmd import teacher_server_command
@@ -34,3 +35,43 @@ def test_teacher_server_command_serves_the_teacher_on_the_servers_backend(backen
     assert cmd[-2:] == ["--device", "cpu"] and cmd[cmd.index("--dtype") + 1] == "bfloat16"
     with pytest.raises(ConfigError, match="no teacher model to serve"):
         teacher_server_command(_config("distill.teacher_path=''", "distill.address=h:1"), "h", 1, backend)
+
+
+def test_a_vllm_run_refuses_its_teacher_by_name_instead_of_serving_it_elsewhere(monkeypatch):
+    """server.backend=vllm: the teacher is refused where the config loads and where the launcher
+    would start it, never served by the built-in server in vLLM's place (as it was)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cfg = _config("server.backend=vllm")
+    with pytest.raises(ConfigError, match="distill with server.backend=vllm.*no other server stands in for it"):
+        backends.check(cfg)
+    with pytest.raises(ConfigError, match="distill with server.backend=vllm"):
+        teacher_server_command(cfg, "127.0.0.1", 4321, "vllm", python="py")
+    backends.check(_config("server.backend=vllm", "distill.teacher_path=''", "distill.address=h:1"))  # served elsewhere
+
+
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        (["gconfig.top_p=0.9"], "distill with top_p / top_k / min_p truncating"),
+        (["gconfig.top_k=20", "gconfig.temperature=0.7"], "distill with top_p / top_k / min_p truncating"),
+        (["server.backend=sglang", "gconfig.temperature=0.7"], "real SGLang's prompt logprobs are at temperature 1"),
+        (["gconfig.top_p=0.9", "gconfig.truncated_logprobs=false"], None),  # full-vocabulary on both sides
+        (["gconfig.temperature=0.7"], None),  # the built-in server scores at the student's temperature
+    ],
+)
+def test_a_teacher_that_cannot_score_under_the_students_rule_is_refused(overrides, refused):
+    """The teacher's logprobs are compared token by token with the behaviour logprobs: a truncation
+    the teacher's server does not apply to prompt logprobs, or real SGLang's temperature-1 prompt
+    logprobs, is refused where the config loads and where the teacher client is built."""
+    from arealite.rollout.teacher import TeacherClient
+
+    cfg = _config(*overrides)
+    if refused is None:
+        backends.check(cfg)
+        TeacherClient(cfg.distill, cfg.rollout, cfg.gconfig, "/student", ["h:1"])  # nothing contacted yet
+        return
+    with pytest.raises(ConfigError, match=refused):
+        backends.check(cfg)
+    if cfg.server.backend != "sglang":  # the client itself cannot tell a real SGLang from the built-in server
+        with pytest.raises(ValueError, match=refused):
+            TeacherClient(cfg.distill, cfg.rollout, cfg.gconfig, "/student", ["h:1"])

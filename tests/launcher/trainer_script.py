@@ -10,6 +10,8 @@ Modes (env AREAL_TEST_TRAINER_MODE):
   waits for the server to leave the rotation (the test kills it) and rejoin (the launcher
   restarts it on the initial weights); then writes <run_dir>/resync.json: the restarted
   server's logprobs and version, and the trainer's logprobs of the same tokens.
+With distillation teachers (AREAL_TEACHER_SERVER_ADDRS), every mode but resync first has each
+answer one /generate and writes <run_dir>/teachers<R>.json.
 Writes its pid to <run_dir>/trainer-pids/<pid> so tests can check that nothing is left.
 """
 
@@ -47,6 +49,10 @@ def main(argv: list[str]) -> int:
     mode = os.environ.get("AREAL_TEST_TRAINER_MODE", "ok")
     if mode == "resync":
         return resync(config, run_dir, addrs[0])
+    teachers = [a for a in os.environ.get("AREAL_TEACHER_SERVER_ADDRS", "").split(",") if a]
+    if teachers:  # the launcher started them before the ranks: each answers now
+        with open(os.path.join(run_dir, f"teachers{rank}.json"), "w") as f:
+            json.dump({"addrs": teachers, "outputs": [generate(a)["output_ids"] for a in teachers]}, f)
     # In wait mode a test may kill a server as soon as the pid file exists, so no call here
     # may assume a server is up; the outputs recorded are those after the stop file.
     outputs = [] if mode == "wait" else [generate(a)["output_ids"] for a in addrs]

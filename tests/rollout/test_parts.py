@@ -7,14 +7,14 @@ import asyncio
 import pytest
 import torch
 
+from arealite.backends.vllm import VLLMProtocol
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
+from arealite.rollout.client import RemoteSGLangEngine
 from arealite.rollout.errors import GenerationError, TransientServerError, WeightUpdateError
 from arealite.rollout.gate import VersionGate
 from arealite.rollout.generation import SampleGenerator
 from arealite.rollout.health import HealthMonitor
-from arealite.rollout.remote_sglang import RemoteSGLangEngine
 from arealite.rollout.servers import ServerPool
-from arealite.rollout.vllm_protocol import VLLMProtocol
 from arealite.rollout.weight_update import WeightUpdater
 from arealite.types import ModelRequest, WeightUpdateMeta
 from tests.rollout.fakes import FakeTransport

@@ -4,15 +4,9 @@ import math
 
 import pytest
 
+from arealite.backends.contract import clamp_max_new_tokens, error_message, token_versions
+from arealite.backends.sglang import generate_body, parse_generate_reply, sampling_params
 from arealite.config import GenerationHyperparameters
-from arealite.rollout.protocol import (
-    clamp_max_new_tokens,
-    error_message,
-    generate_body,
-    parse_generate_reply,
-    sampling_params,
-    token_versions,
-)
 
 
 def _walk(value):
@@ -166,3 +160,40 @@ def test_error_message_envelopes():
     assert error_message({"object": "error", "message": "bad", "code": 400}) == "bad"
     assert error_message({"success": False, "message": "no weights"}) == "no weights"
     assert error_message("Internal Server Error") == "Internal Server Error"
+
+
+@pytest.mark.parametrize(
+    "adapter, wrong, right",
+    [("vllm", [None, "joint"], "sequential"), ("sglang", ["sequential"], "joint")],
+)
+def test_an_adapter_refuses_a_truncation_rule_its_server_does_not_truncate_by(adapter, wrong, right):
+    """The trainer replays gconfig.truncation_rule, whatever built the objects: each backend's
+    adapter refuses a gconfig whose rule is not its server's when the rule matters."""
+    from arealite.backends.sglang import SGLangProtocol
+    from arealite.backends.vllm import VLLMProtocol
+
+    server = VLLMProtocol() if adapter == "vllm" else SGLangProtocol()
+    for rule in wrong:
+        g = GenerationHyperparameters(temperature=0.7, top_p=0.8, top_k=20, truncation_rule=rule)
+        with pytest.raises(ValueError, match=rf"gconfig.truncation_rule={rule!r}.*set gconfig.truncation_rule="):
+            server.generate_body([1, 2], g, 4)
+        # the rule does not matter when nothing truncates, or for greedy rows
+        server.generate_body([1, 2], GenerationHyperparameters(temperature=0.7, truncation_rule=rule), 4)
+        server.generate_body([1, 2], GenerationHyperparameters(temperature=0.0, top_k=20, truncation_rule=rule), 4)
+    server.generate_body([1, 2], GenerationHyperparameters(temperature=0.7, top_p=0.8, truncation_rule=right), 4)
+
+
+def test_the_old_module_paths_import_the_same_objects_for_one_release():
+    """rollout/protocol.py, vllm_protocol.py, remote_sglang.py and remote_vllm.py are import shims
+    (docs/CHANGELOG.md): user code importing from them gets the moved objects themselves."""
+    from arealite.backends import sglang, vllm
+    from arealite.rollout import client, protocol, remote_sglang, remote_vllm, vllm_protocol
+
+    assert protocol.SGLangProtocol is sglang.SGLangProtocol and protocol.generate_body is sglang.generate_body
+    assert vllm_protocol.VLLMProtocol is vllm.VLLMProtocol and vllm_protocol.RELOAD_METHOD == vllm.RELOAD_METHOD
+    assert remote_sglang.RemoteSGLangEngine is client.RolloutClient
+    assert (
+        remote_vllm.RemoteVLLMEngine is client.RemoteVLLMEngine and remote_vllm.rollout_client is client.rollout_client
+    )
+    with pytest.raises(ValueError, match="gconfig.temperature=3.0 is above vLLM's limit"):
+        vllm_protocol.check_gconfig(GenerationHyperparameters(temperature=3.0))

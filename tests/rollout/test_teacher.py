@@ -4,12 +4,15 @@ tokenizer is refused at start, naming both."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from arealite.config import DistillConfig, GenerationHyperparameters, InferenceEngineConfig
-from arealite.rollout.teacher import TeacherClient
+from arealite.rollout.teacher import PROBE_TEXT, TeacherClient
 from arealite.tools.tiny_model import build_tiny_model
 from tests.tolerance import tolerance
 
@@ -86,5 +89,12 @@ def test_a_teacher_with_another_tokenizer_is_refused_at_start(tiny_model_dir, tm
             teacher.initialize()
         assert tiny_model_dir in str(refused.value) and other in str(refused.value)
         assert not teacher._loop.running  # nothing left behind
+        # a teacher whose files are elsewhere is checked by how it tokenizes a probe text (the adapter's call)
+        path, body = teacher.server.tokenize_call(PROBE_TEXT)
+        request = urllib.request.Request(f"http://{server.address}{path}", json.dumps(body).encode(), method="POST")
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            got = teacher.server.parse_tokenized(json.loads(reply.read()))
+        assert got == AutoTokenizer.from_pretrained(tiny_model_dir).encode(PROBE_TEXT) != []
     finally:
         server.stop()

@@ -3,7 +3,7 @@
 vLLM lives in its own environment (it pins torch and transformers): its interpreter is
 $AREALITE_VLLM_PYTHON, else the README's `~/.venvs/arealite-vllm` (what `.ci/run` installs).
 Without it the tests here are skipped, naming the install line. The server runs a tiny Qwen2
-model (tied embeddings) built on the spot, with the flags the launchers use (`server_cmd.vllm_command`); its
+model (tied embeddings) built on the spot, with the flags the launchers use (`backends.vllm_launch.vllm_command`); its
 process group is killed at session end and dies with pytest (PR_SET_PDEATHSIG, see
 arealite/launcher/process.py). Every test here is in the xdist group "vllm" (tests/conftest.py),
 so one worker owns the server.
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from arealite.backends.vllm import RELOAD_METHOD
+from arealite.backends.vllm_launch import VLLM_PYTHON_ENV, vllm_command, vllm_python
 from arealite.launcher.process import ManagedProcess
-from arealite.launcher.server_cmd import VLLM_PYTHON_ENV, vllm_command, vllm_python
-from arealite.rollout.vllm_protocol import RELOAD_METHOD
 from arealite.utils import net
 
 INSTALL_HINT = f"install it as the README says (section vLLM), or point {VLLM_PYTHON_ENV} at its python"
@@ -144,18 +144,11 @@ def _wait_healthy(proc: ManagedProcess, server: VLLMServer) -> None:
     pytest.fail(f"the vLLM server did not answer /health within {START_TIMEOUT_S}s:\n{server.log_tail()}")
 
 
-# package scope: the server stops after the last test here (tests/vllm is a package for that), so
-# it does not idle beside the rest of the suite; xdist runs this directory's tests in one go.
-@pytest.fixture(scope="package")
-def vllm_server(tmp_path_factory):
-    """Starts ONE vLLM server for the tests under tests/vllm; yields a `VLLMServer`."""
-    python = vllm_python()
-    if not _vllm_importable(python):
-        pytest.skip(f"vLLM is not installed for {python}; {INSTALL_HINT}")
-    root = tmp_path_factory.mktemp("vllm")
-    model_dir = build_vllm_tiny_model(str(root / "model"))
+def start_vllm_server(root, model_dir: str, python: str, flags=lambda cmd: cmd):
+    """A vLLM server of `model_dir` started as the launchers start it (`flags` may change its argv);
+    a generator that yields the healthy `VLLMServer` and stops it after."""
     port = net.free_ports(1, "127.0.0.1")[0]
-    cmd = vllm_command(python, model_dir, "127.0.0.1", port, max_model_len=MAX_MODEL_LEN, max_num_seqs=32)
+    cmd = flags(vllm_command(python, model_dir, "127.0.0.1", port, max_model_len=MAX_MODEL_LEN, max_num_seqs=32))
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("AREALITE_VLLM_THREADS", "2"))
     env.pop("PYTHONPATH", None)  # vLLM's environment, not ours
     # cwd: Python puts it first on the path of vLLM's helper processes; a stray module there would shadow vLLM's
@@ -171,3 +164,20 @@ def vllm_server(tmp_path_factory):
         yield server
     finally:
         proc.stop(grace=10.0)
+
+
+def installed_vllm_python() -> str:
+    python = vllm_python()
+    if not _vllm_importable(python):
+        pytest.skip(f"vLLM is not installed for {python}; {INSTALL_HINT}")
+    return python
+
+
+# package scope: the server stops after the last test here (tests/vllm is a package for that), so
+# it does not idle beside the rest of the suite; xdist runs this directory's tests in one go.
+@pytest.fixture(scope="package")
+def vllm_server(tmp_path_factory):
+    """Starts ONE vLLM server for the tests under tests/vllm; yields a `VLLMServer`."""
+    python = installed_vllm_python()
+    root = tmp_path_factory.mktemp("vllm")
+    yield from start_vllm_server(root, build_vllm_tiny_model(str(root / "model")), python)

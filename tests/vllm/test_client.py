@@ -53,13 +53,17 @@ def _model(model_dir: str):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
 
-def trainer_logprobs(model_dir: str, tokens: list[int], n_out: int, temperature: float) -> torch.Tensor:
-    """What the trainer computes for the last `n_out` tokens of `tokens` with the weights in `model_dir`."""
+def trainer_logprobs(
+    model_dir: str, tokens: list[int], n_out: int, temperature: float, gconfig: GenerationHyperparameters | None = None
+) -> torch.Tensor:
+    """What the trainer computes for the last `n_out` tokens of `tokens` with the weights in `model_dir`
+    (with `gconfig`: its truncation, as PPOActor replays it)."""
     model = _model(model_dir)
     ids = torch.tensor(tokens)
     with torch.no_grad():
         logits = model(ids[None]).logits[0]
-    logp = packed_token_logprobs(logits, ids, torch.tensor([0, len(tokens)]), temperature)
+    truncation = None if gconfig is None else gconfig.logprob_truncation
+    logp = packed_token_logprobs(logits, ids, torch.tensor([0, len(tokens)]), temperature, truncation)
     return logp[-n_out:]
 
 
@@ -178,3 +182,25 @@ def test_bad_input_gets_a_clear_error(vllm_server):
             engine.update_weights(meta).result(timeout=60)
         # the server still serves
         assert engine.loop.run(engine.agenerate(_request(max_new_tokens=2))).output_len >= 1
+
+
+def test_the_library_path_replays_vllms_truncation_rule_or_is_refused(vllm_server):
+    """A user's own script (no experiment config): a gconfig whose truncation_rule is not vLLM's is
+    refused by name; with vLLM's rule the trainer's replay agrees with the server's logprobs."""
+    knobs = dict(max_new_tokens=24, temperature=0.7, top_p=0.8, top_k=20, sampling_seed=7)
+    with _engine(vllm_server) as engine:
+        for rule in (None, "joint"):
+            with pytest.raises(GenerationError, match=rf"gconfig.truncation_rule={rule!r}: a vLLM server truncates"):
+                engine.loop.run(engine.agenerate(_request(truncation_rule=rule, **knobs)))
+        req = _request(truncation_rule="sequential", **knobs)
+        resp = engine.loop.run(engine.agenerate(req))
+    mine = trainer_logprobs(
+        vllm_server.model_dir, resp.input_tokens + resp.output_tokens, resp.output_len, 0.7, req.gconfig
+    )
+    joint = GenerationHyperparameters(**{**knobs, "truncation_rule": "joint"})
+    theirs = trainer_logprobs(
+        vllm_server.model_dir, resp.input_tokens + resp.output_tokens, resp.output_len, 0.7, joint
+    )
+    served = torch.tensor(resp.output_logprobs)
+    assert (mine - served).abs().max() < LOGPROB_ATOL
+    assert (theirs - served).abs().max() > LOGPROB_ATOL  # the rule matters on this model at these settings

@@ -1,7 +1,7 @@
 """A distributed weight sync into a real vLLM server (tests/vllm/conftest.py): `WeightSync` with
 `weight_update=distributed` broadcasts a trained actor's weights in buckets over the trainer's gloo
 group, and vLLM's weight-transfer routes receive them through arealite's engine
-(arealite/launcher/vllm_ext/arealite_vllm_transfer.py). Afterwards the server reports the version
+(arealite/backends/vllm_ext/arealite_vllm_transfer.py). Afterwards the server reports the version
 and its logprobs of an answer equal the trainer's at the new weights, as closely as after a disk
 sync of the same weights (both measured, printed with `-s`), also when the sync first closes an
 update a dead trainer left open; bad requests get clear errors, and after a failed call (vLLM then

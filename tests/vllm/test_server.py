@@ -1,4 +1,4 @@
-"""The vLLM server as `server_cmd.vllm_command` starts it: the routes arealite's client relies on
+"""The vLLM server as `backends.vllm_launch.vllm_command` starts it: the routes arealite's client relies on
 are on, and the settings it depends on hold (docs/vllm.md §1)."""
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-ENGINE_NAME = "arealite"  # --weight-transfer-config '{"backend": "arealite"}' (server_cmd.VLLM_TRANSFER_ENGINE)
+ENGINE_NAME = "arealite"  # --weight-transfer-config '{"backend": "arealite"}' (arealite.backends.vllm.TRANSFER_ENGINE)
 
 
 def register_transfer_engine() -> None:
