@@ -166,7 +166,7 @@ EXTERNAL_NAMES = {
     "Infinity", "MinPLogitsProcessor", "MixedPrecisionPolicy", "NaN", "NodeName", "NormConfig",
     "NotFoundError", "PeftModel", "PrefixStore", "ProcessGroupNCCL", "RolloutCorrectionConfig",
     "Sampler", "SlurmctldPort", "SlurmdPort", "SrunPortRange", "StatelessProcessGroup",
-    "TopKTopPSampler", "W_s", "WeightTransferEngineFactory", "WorkerWrapperBase", "None", "True", "False",
+    "TopKTopPSampler", "ValueError", "W_s", "WeightTransferEngineFactory", "WorkerWrapperBase", "None", "True", "False",
 }  # fmt: skip
 # The changelog records names as they were when each entry was written.
 HISTORY_PAGES = {"CHANGELOG"}

@@ -1,11 +1,11 @@
 """vLLM's RL routes as the rollout client uses them (vLLM 0.32): the `Backend` adapter and what
-it refuses (docs/backends.md; wire format: docs/protocol.md §11). Its launch argv: vllm_launch.py.
+it refuses (docs/backends.md; wire format: docs/vllm.md §1). Its launch argv: vllm_launch.py.
 
 - generation: `POST /inference/v1/generate` (`--enable-scale-out`) with `token_ids` and vLLM's
   `sampling_params`; the reply's `choices[0]` carries `token_ids`, `logprobs.content[].logprob`
   (minus infinity sent as -9999.0), `finish_reason` and `weight_versions` spans;
 - pause / resume: `POST /pause?mode=...&clear_cache=...`, `POST /resume` (dev mode);
-- weight sync (§11.4): disk through arealite's worker extension (`vllm_ext/`) then
+- weight sync (docs/vllm.md §4): disk through arealite's worker extension (`vllm_ext/`) then
   `/update_weight_version`; distributed through vLLM's weight-transfer routes served by arealite's
   engine; the version check reads `GET /weight_info`;
 - the start-up check (`check_server`) reads `/server_info` once: dev mode, the worker extension,

@@ -1,4 +1,4 @@
-"""How a vLLM server is started for arealite's client (docs/protocol.md §11, docs/backends.md):
+"""How a vLLM server is started for arealite's client (docs/vllm.md §1, docs/backends.md):
 its interpreter (`vllm_python`), its argv (`vllm_command`, `launch_argv`). vLLM pins torch and
 transformers, so it runs from its own environment beside arealite's; its server-side extension
 is `vllm_ext/`, put on that interpreter's path by `VLLM_BOOT`.
@@ -41,7 +41,7 @@ def vllm_command(
     max_num_seqs: int = 64,
     cpu: bool = True,
 ) -> list[str]:
-    """The argv of one vLLM server for arealite's client (docs/protocol.md §11).
+    """The argv of one vLLM server for arealite's client (docs/vllm.md §1).
 
     It starts with `env VARS...`, which execs the server (same pid, same signals), so every
     launcher runs it with its settings and no launcher-specific code:

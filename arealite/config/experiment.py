@@ -40,7 +40,7 @@ class GRPOConfig:
         "how weights reach the servers: disk (an HF folder under run_dir they reload), distributed (trainer rank 0 "
         "broadcasts buckets over a process group the servers joined; with server.backend=vllm through vLLM's "
         "weight-transfer routes) or lora (only the actor's LoRA adapter, through /load_lora_adapter; not with "
-        "vLLM); docs/protocol.md §11.4",
+        "vLLM); docs/vllm.md §4",
     )
     weight_keep_versions: int = setting(
         3, "disk: weight versions kept under <run_dir>/weights (older ones are deleted)"

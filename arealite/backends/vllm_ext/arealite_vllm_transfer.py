@@ -5,7 +5,7 @@ routes (`/init_weight_transfer_engine`, `/start_weight_update`, `/update_weights
 `/finish_weight_update`) receive the buckets that arealite's trainer broadcasts, over the group
 arealite's trainer already hosts (arealite/weight_sync/group.py: a TCPStore on trainer rank 0, a
 PrefixStore named after the group, a ProcessGroupGloo, or ProcessGroupNCCL on a GPU), so the
-trainer side is the one it uses for SGLang and the built-in server (docs/protocol.md §11.4).
+trainer side is the one it uses for SGLang and the built-in server (docs/vllm.md §4).
 vLLM's shipped engines cannot join that group: its `nccl` engine meets the trainer through its
 own StatelessProcessGroup and PyNccl communicator, and every shipped engine needs CUDA.
 

@@ -2,7 +2,7 @@
 
 Runs inside vLLM's own environment, so it imports only what vLLM brings. vLLM puts this class
 among its worker's bases (its supported extension point for RL frameworks), and the client calls
-the method by name through `POST /collective_rpc` (docs/protocol.md §11).
+the method by name through `POST /collective_rpc` (docs/vllm.md §1).
 
 Why it exists: vLLM's `reload_weights` re-processes a layer only when the checkpoint loads a
 weight into it. A model with tied word embeddings (SmolLM2, Qwen2.5-0.5B/1.5B) has no
@@ -13,7 +13,7 @@ never repacked, so after a reload the server samples from the old head over the 
 
 Importing it also registers arealite's weight-transfer engine (arealite_vllm_transfer.py) in
 vLLM's registry: vLLM imports this module in every worker process before the worker loads the
-model and builds its engine, so no plugin install is needed (docs/protocol.md §11.4).
+model and builds its engine, so no plugin install is needed (docs/vllm.md §4).
 """
 
 from __future__ import annotations
