@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from arealite.launcher.server_cmd import vllm_python
+from arealite.backends.vllm_launch import vllm_python
 from tests.vllm.conftest import INSTALL_HINT, _vllm_importable
 
 REPO = Path(__file__).resolve().parents[2]
