@@ -46,6 +46,7 @@ FIGURES = {
     "time_to_accuracy.py": "async_vs_sync_time_to_accuracy_reasoning",
     "train_packing.py": "packed_speedup_vs_bucketed",
     "variants.py": "variants_learning",
+    "vllm_parity.py": "vllm_parity_max_after_sync",
     "vs_trl.py": "arealite_vs_trl_equal_cores",
 }
 TAKES_MODEL_PATH = {
@@ -82,7 +83,8 @@ def test_every_script_has_a_documented_figure() -> None:
 # memory.py starts ten measuring processes (the chunked head it measures: tests/train/test_lm_head.py).
 # async_speedup.py and vs_trl.py run several launcher-sized arms each (sync and async layouts; TRL
 # beside arealite): the suite's time; the loop they time is the one tests/e2e runs. engines.py
-# starts a vLLM server (a minute or more) and runs only with vLLM and the real model.
+# starts a vLLM server (a minute or more) and runs only with vLLM and the real model; vllm_parity.py
+# starts one too (on the tiny model), its guarantees are tests/vllm's.
 SMOLLM2 = REPO / "runs" / "models" / "smollm2_135m_instruct"  # what configs/smollm2_cpu.yaml builds
 HEAVY = {
     "async_speedup.py",
@@ -95,6 +97,7 @@ HEAVY = {
     "memory.py",
     "deterministic_server.py",
     "lockstep_schedule.py",
+    "vllm_parity.py",
 }
 
 
@@ -104,6 +107,8 @@ def test_smoke_run_prints_its_figure(script: str, tiny_model_dir: str) -> None:
         pytest.importorskip("trl", reason="vs_trl.py needs TRL, the benchmark extra: pip install -e .[bench]")
     if script == "engines.py":
         _skip_without_vllm_and_smollm2()
+    if script == "vllm_parity.py":
+        _skip_without_vllm()
     cmd = [sys.executable, str(BENCHMARKS / script), "--smoke"]
     if script in TAKES_MODEL_PATH:
         cmd += ["--model-path", tiny_model_dir]
@@ -124,11 +129,15 @@ def test_smoke_run_prints_its_figure(script: str, tiny_model_dir: str) -> None:
 
 
 def _skip_without_vllm_and_smollm2() -> None:
-    from arealite.backends.vllm_launch import vllm_python
-
     if not (SMOLLM2 / "config.json").is_file():
         pytest.skip(f"engines.py runs the real model: build it with `python -m arealite.tools.smollm2 {SMOLLM2}`")
+    _skip_without_vllm()
+
+
+def _skip_without_vllm() -> None:
+    from arealite.backends.vllm_launch import vllm_python
+
     python = vllm_python()
     probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
     if not os.path.exists(python) or subprocess.run([python, "-c", probe], timeout=60).returncode != 0:
-        pytest.skip(f"engines.py needs vLLM: it is not installed for {python} (README, section vLLM)")
+        pytest.skip(f"this benchmark needs vLLM: it is not installed for {python} (README, section vLLM)")

@@ -15,6 +15,7 @@ pass in any order on the shared server.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ import urllib.request
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 from arealite.backends.vllm import RELOAD_METHOD
 from arealite.backends.vllm_launch import VLLM_PYTHON_ENV, vllm_command, vllm_python
@@ -34,6 +36,19 @@ from arealite.utils import net
 INSTALL_HINT = f"install it as the README says (section vLLM), or point {VLLM_PYTHON_ENV} at its python"
 START_TIMEOUT_S = 600.0  # a cold start on a busy 2-core machine; a warm one takes far less
 MAX_MODEL_LEN = 1024  # the tiny model's positions: long answers, so a weight sync lands mid-answer
+
+# Bounds on max |vLLM - trainer| logprob per answer token on this model at temperature 1, fp32 on
+# both sides, for answers of up to 24 tokens and of about 1,000, before or after a disk or
+# distributed sync: 3x the largest benchmarks/vllm_parity.py measured for that length
+# (benchmarks/README.md). They hold with `min_new_tokens`'s ban on the stop tokens replayed on the
+# trainer's side (`trainer_logprobs`): the server samples without them and reports that
+# distribution's logprobs. Logits scaled by s (a temperature 1/s, a head scaled by s) scale their
+# rounding by s: tests divide by the temperature and multiply by a head's scale. Weights rounded
+# to bf16 on the way exceed both (test_logprob_bounds.py); a sync to other weights moves the
+# logprobs by more than MOVED_NATS on average.
+LOGPROB_BOUND_SHORT = 1.7e-6
+LOGPROB_BOUND_LONG = 2.3e-6
+MOVED_NATS = 0.3
 
 
 @dataclass
@@ -112,6 +127,38 @@ class VLLMServer:
                 return "".join(f.readlines()[-n:])
         except OSError:
             return ""
+
+
+@functools.cache
+def _model(model_dir: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
+def stop_ids(model_dir: str) -> list[int]:
+    """The tokens `min_new_tokens` bans on vLLM: the tokenizer's EOS (arealite's client sends no others)."""
+    from transformers import AutoTokenizer
+
+    return [AutoTokenizer.from_pretrained(model_dir).eos_token_id]
+
+
+def trainer_logprobs(
+    model_dir: str, tokens: list[int], n_out: int, temperature: float, gconfig=None, banned: int = 0
+) -> torch.Tensor:
+    """What the trainer computes for the last `n_out` tokens of `tokens` with the weights in
+    `model_dir` (its fp32 forward and `packed_token_logprobs`; with `gconfig`, its truncation as
+    PPOActor replays it), the stop tokens banned for the first `banned` of them as
+    `min_new_tokens` bans them on the server."""
+    from arealite.train.logprobs import packed_token_logprobs
+
+    ids = torch.tensor(tokens)
+    with torch.no_grad():
+        logits = _model(model_dir)(ids[None]).logits[0]
+    first = len(tokens) - n_out - 1  # the logits row that predicts the first answer token
+    logits[first : first + banned, stop_ids(model_dir)] = float("-inf")
+    truncation = None if gconfig is None else gconfig.logprob_truncation
+    return packed_token_logprobs(logits, ids, torch.tensor([0, len(tokens)]), temperature, truncation)[-n_out:]
 
 
 def _vllm_importable(python: str) -> bool:

@@ -20,8 +20,7 @@ from arealite.rollout import RemoteVLLMEngine, WeightUpdateError
 from arealite.types import ModelRequest, WeightUpdateMeta
 from tests.tolerance import magnitude, tolerance
 from tests.train.helpers import make_batch
-from tests.train.server_utils import batch_from_rows
-from tests.vllm.test_client import LOGPROB_ATOL
+from tests.vllm.conftest import LOGPROB_BOUND_SHORT, MOVED_NATS, trainer_logprobs
 
 pytestmark = [pytest.mark.xdist_group("vllm"), pytest.mark.timeout(900)]
 PROMPT = [5, 17, 42, 99]
@@ -42,11 +41,11 @@ def _answer(engine: RemoteVLLMEngine):
     return engine.loop.run(engine.agenerate(ModelRequest(rid=uuid.uuid4().hex, input_ids=PROMPT, gconfig=gconfig)))
 
 
-def _mismatch(actor, resp) -> float:
-    """max |server - trainer| over the answer's tokens, the trainer at its current weights."""
-    batch = batch_from_rows([(PROMPT, resp.output_tokens, resp.output_logprobs)])
-    mask = batch["loss_mask"].bool()
-    return float((actor.compute_logp(batch)[mask] - batch["logprobs"][mask]).abs().max())
+def _mismatch(trained: str, resp) -> float:
+    """max |server - trainer| over the answer's tokens, the trainer at its trained weights (saved
+    in `trained`), with min_new_tokens's ban on the stop tokens replayed (tests/vllm/conftest.py)."""
+    want = trainer_logprobs(trained, PROMPT + resp.output_tokens, NEW_TOKENS, 1.0, banned=NEW_TOKENS)
+    return float((torch.tensor(resp.output_logprobs) - want).abs().max())
 
 
 def test_a_distributed_sync_serves_the_trainers_new_weights(vllm_server, tmp_path):
@@ -60,21 +59,23 @@ def test_a_distributed_sync_serves_the_trainers_new_weights(vllm_server, tmp_pat
     train["logprobs"] = actor.compute_logp(train)
     actor.compute_advantages(train)
     actor.ppo_update(train)  # lr 3e-2: the weights move far from the server's
+    trained = str(tmp_path / "trained")
+    actor.save(trained)
     engine = _engine(vllm_server)
     try:
-        stale = _mismatch(actor, _answer(engine))
+        stale = _mismatch(trained, _answer(engine))
         with WeightSync(actor, engine, "distributed", chunk_mb=1, timeout=TIMEOUT_S) as weight_sync:
             assert len(weight_sync.buckets) >= 2  # the bucket loop runs, not one call
             assert weight_sync.sync(1) == {vllm_server.address: "1"}
             assert vllm_server.call("GET", "/weight_info") == (200, {"weight_version": "1"})
             resp = _answer(engine)
             assert resp.output_versions == [1] * NEW_TOKENS
-            distributed = _mismatch(actor, resp)
+            distributed = _mismatch(trained, resp)
             # a trainer that died between start and finish left the update open, the model half loaded
             engine.pause()
             assert vllm_server.call("POST", "/start_weight_update")[0] == 200
             assert weight_sync.sync(2) == {vllm_server.address: "2"}  # the next sync closes it first
-            reopened = _mismatch(actor, _answer(engine))
+            reopened = _mismatch(trained, _answer(engine))
 
         meta = WeightUpdateMeta(type="disk", path=str(tmp_path / "v3"), version=3)  # the same weights, by disk
         actor.save(meta.path)
@@ -82,7 +83,7 @@ def test_a_distributed_sync_serves_the_trainers_new_weights(vllm_server, tmp_pat
         engine.update_weights(meta).result(timeout=300)
         engine.resume()
         by_disk = _answer(engine)
-        disk = _mismatch(actor, by_disk)
+        disk = _mismatch(trained, by_disk)
     finally:
         engine.destroy()
         vllm_server.restore()
@@ -91,9 +92,9 @@ def test_a_distributed_sync_serves_the_trainers_new_weights(vllm_server, tmp_pat
         f"after the distributed sync ({reopened:.2e} after one that closed an update left open), {disk:.2e} "
         "after a disk sync of the same weights"
     )
-    assert stale > 10 * LOGPROB_ATOL  # the trainer's weights really differ from the served ones
-    assert distributed <= LOGPROB_ATOL and reopened <= LOGPROB_ATOL
-    assert disk <= LOGPROB_ATOL
+    assert stale > MOVED_NATS  # the trainer's weights really differ from the served ones
+    assert distributed <= LOGPROB_BOUND_SHORT and reopened <= LOGPROB_BOUND_SHORT
+    assert disk <= LOGPROB_BOUND_SHORT
     # the same seed and weights: the same answer, its logprobs equal to fp32 rounding (one server, two loads)
     assert by_disk.output_tokens == resp.output_tokens
     served = torch.tensor(resp.output_logprobs)

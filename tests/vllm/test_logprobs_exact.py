@@ -5,11 +5,11 @@ weights, with top-k, top-p and min-p each on, combined, untruncated, and greedy.
 The trainer is `PPOActor.compute_logp` under the `gconfig` of an experiment config with
 `server.backend=vllm`, so the test goes through the setting the user writes. Every case is
 sent at once, so vLLM batches rows with different knobs (greedy rows among sampled ones)
-as it would in a run. The bound is fp32 rounding through the model's 128-wide dot products,
-relative to the largest |scaled logit| the logprobs are made of (both sides compute the
-forward with different kernels); the truncation moves the logprobs by far more, which the
-test checks, so a trainer that ignored vLLM's rule would fail. The measured differences are
-printed (`-s`).
+as it would in a run. The bound is the vLLM tests' `LOGPROB_BOUND_SHORT` (tests/vllm/conftest.py,
+from benchmarks/vllm_parity.py's measurement at temperature 1) divided by the temperature, which
+scales the logits and so their rounding; the truncation moves the logprobs by far more, which
+the test checks, so a trainer that ignored vLLM's rule would fail. The measured differences
+are printed (`-s`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from arealite.config import GenerationHyperparameters, GRPOConfig, OptimizerConfig, PPOActorConfig, load_config
 from tests.tolerance import tolerance
 from tests.train.server_utils import batch_from_rows
+from tests.vllm.conftest import LOGPROB_BOUND_SHORT
 
 pytestmark = [pytest.mark.xdist_group("vllm"), pytest.mark.timeout(900)]
 
@@ -85,8 +86,9 @@ def test_vllm_and_trainer_logprobs_agree_token_for_token(vllm_server):
         # the built-in server's (joint) rule on the same tokens, for the record
         actor.gconfig = GenerationHyperparameters(1, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
         joint = actor.compute_logp(batch)[mask].double()
-        scale = max(1.0, float(untruncated.abs().max()))  # |log_softmax| bounds the scaled logits' spread
-        bound = tolerance(torch.float32, HIDDEN) * scale
+        bound = LOGPROB_BOUND_SHORT / temperature  # greedy: temperature 1
+        # fp32 rounding relative to the largest |scaled logit|: what truncation must move the logprobs beyond
+        rounding = tolerance(torch.float32, HIDDEN) * max(1.0, float(untruncated.abs().max()))
         gap = float((server - trainer).abs().max())
         cut = float((untruncated - trainer).abs().max())
         by_joint = float((joint - server).abs().max())
@@ -97,7 +99,7 @@ def test_vllm_and_trainer_logprobs_agree_token_for_token(vllm_server):
         if gap > bound:
             failures.append(f"{name}: {gap:.2e} > {bound:.1e}")
         truncating = knobs[0] > 0 and (knobs[1] > 0 or knobs[2] < 1 or knobs[3] > 0)
-        if truncating and cut <= 100 * bound:
+        if truncating and cut <= 100 * rounding:
             failures.append(f"{name}: nothing was truncated, the case tests nothing")
         if not truncating and cut > bound:
             failures.append(f"{name}: the trainer truncated an untruncated case ({cut:.2e})")
