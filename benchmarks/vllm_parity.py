@@ -53,7 +53,7 @@ STAGES = ["before", "disk", "distributed", "bf16 disk", "bf16 distributed"]
 
 def start_vllm(model_dir: str, max_model_len: int, log_dir: str):
     from arealite.launcher.process import ManagedProcess
-    from arealite.launcher.server_cmd import vllm_command, vllm_python
+    from arealite.backends.vllm_launch import vllm_command, vllm_python
     from arealite.utils.net import free_ports, wait_healthy
 
     port = free_ports(1, HOST)[0]
