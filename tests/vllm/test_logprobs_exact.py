@@ -43,10 +43,12 @@ CASES = {  # name: (temperature, top_k, top_p, min_p); the tiny model's logits a
 }
 
 
-def _generate(address: str, prompt: list[int], knobs: tuple) -> dict:
+def _generate(address: str, prompt: list[int], knobs: tuple, seed: int) -> dict:
     temperature, top_k, top_p, min_p = knobs
     params = {"max_tokens": NEW_TOKENS, "temperature": temperature, "top_k": top_k, "top_p": top_p}
-    params.update(min_p=min_p, logprobs=0, ignore_eos=True, detokenize=False)
+    # seeded, so every run samples the same tokens: an unseeded run may sample a token whose mass lies
+    # within rounding of a cut, where the two sides' kept sets may differ (docs/protocol.md §1.6.1)
+    params.update(min_p=min_p, logprobs=0, ignore_eos=True, detokenize=False, seed=seed)
     body = json.dumps({"token_ids": prompt, "sampling_params": params}).encode()
     req = urllib.request.Request(f"http://{address}/inference/v1/generate", body, method="POST")
     req.add_header("Content-Type", "application/json")
@@ -69,7 +71,12 @@ def test_vllm_and_trainer_logprobs_agree_token_for_token(vllm_server):
 
     jobs = [(name, i) for name in CASES for i in range(len(PROMPTS))]
     with ThreadPoolExecutor(len(jobs)) as pool:
-        replies = dict(zip(jobs, pool.map(lambda j: _generate(vllm_server.address, PROMPTS[j[1]], CASES[j[0]]), jobs)))
+        replies = dict(
+            zip(
+                jobs,
+                pool.map(lambda j: _generate(vllm_server.address, PROMPTS[j[1]], CASES[j[0]], 1 + jobs.index(j)), jobs),
+            )
+        )
     config = PPOActorConfig(path=vllm_server.model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-3))
     actor = PPOActor(config, GenerationHyperparameters(group_size=1)).initialize()
     failures = []
