@@ -8,16 +8,10 @@ prefix of the previous one). The batch says which tokens belong to which turn:
     turn_rewards  [B, T] float  the turn's reward on its last model token, 0 elsewhere
     chain         [B]    long   (optional) 0 on an episode's first row, 1, 2, ... on its further rows
 
-Each turn's credit is its reward-to-go R_k = sum_{j >= k} gamma^(j-k) r_j minus a baseline:
-
-- `turn_loo`: the mean of R_k over the *other* samples of the group that reached turn k (0 when
-  none did). It is a function of the other, independent samples only, so it never correlates
-  with this sample's own actions: the gradient estimate is unbiased whatever the policy's
-  choice of how many turns to take.
-- `turn_index` (MT-GRPO-style per-turn-index normalisation, mean only, offered to compare):
-  each turn's reward minus the group mean of that turn index's rewards over the samples that
-  reached it, summed from k on. Its baseline sum_{j >= k, j < n} m_j depends on n, which the
-  sample's own stop/continue choices set: biased (by -E[rewards after the choice] on the choice).
+Each turn's credit is its reward-to-go minus a baseline: `turn_loo`, the mean reward-to-go of
+the group's *other* samples that reached the turn (unbiased with variable turn counts), or
+`turn_index`, MT-GRPO's per-turn-index group mean accumulated from the turn on (biased when the
+policy chooses how many turns to take; offered to compare). Derivation: docs/algorithms.md.
 """
 
 from __future__ import annotations
