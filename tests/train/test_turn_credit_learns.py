@@ -30,7 +30,7 @@ STEPS, WINDOW, MARGIN = 10, 3, 0.3
 ENV_TOKEN = 1  # what the environment says between two turns (loss mask 0)
 
 
-def _episodes(model, prompts: torch.Tensor, g: torch.Generator) -> dict:
+def rollout_episodes(model, prompts: torch.Tensor, g: torch.Generator) -> dict:
     """Roll out every episode turn by turn; the batch as a multi-turn workflow returns it."""
     B = prompts.shape[0]
     ids = prompts
@@ -70,10 +70,13 @@ def _episodes(model, prompts: torch.Tensor, g: torch.Generator) -> dict:
     return batch
 
 
-def run(model_dir: str, estimator: str = "turn_loo", steps: int = STEPS, seed: int = 5) -> list[float]:
-    """Mean episode return of each step's batch, training with `estimator`."""
+def run(
+    model_dir: str, estimator: str = "turn_loo", steps: int = STEPS, seed: int = 5, lr: float = 0.01
+) -> tuple[list[float], torch.nn.Module]:
+    """Mean episode return of each step's batch, training with `estimator` (a `sequence` run is
+    credited the episode's return); and the sampler, holding the trained weights."""
     cfg = PPOActorConfig(path=model_dir, dtype="float32", mb_spec=MicroBatchSpec(n_mbs=1), adv_estimator=estimator,
-                         optimizer=OptimizerConfig(lr=0.01))  # fmt: skip
+                         optimizer=OptimizerConfig(lr=lr))  # fmt: skip
     actor = PPOActor(cfg, GenerationHyperparameters(group_size=GROUP), total_train_steps=steps).initialize()
     sampler = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
@@ -82,18 +85,18 @@ def run(model_dir: str, estimator: str = "turn_loo", steps: int = STEPS, seed: i
     try:
         for _ in range(steps):
             prompts = torch.randint(0, vocab, (PROMPTS, PROMPT_LEN), generator=g).repeat_interleave(GROUP, 0)
-            batch = _episodes(sampler, prompts, g)
+            batch = rollout_episodes(sampler, prompts, g)
             actor.compute_advantages(batch)
             actor.ppo_update(batch)
             assert not sampler.load_state_dict(dict(actor.export_weights()), strict=False).unexpected_keys
             returns.append(float(batch["rewards"].mean()))
     finally:
         actor.destroy()
-    return returns
+    return returns, sampler
 
 
 def test_per_turn_credit_raises_the_return(tiny_model_dir) -> None:
-    returns = run(tiny_model_dir)
+    returns, _ = run(tiny_model_dir)
     first, last = sum(returns[:WINDOW]) / WINDOW, sum(returns[-WINDOW:]) / WINDOW
     print(f"turn_loo: mean episode return, first {WINDOW} steps {first:.3f}, last {WINDOW} steps {last:.3f}")
     assert last >= first + MARGIN, f"per-turn credit did not learn: {first:.3f} -> {last:.3f} ({returns})"
