@@ -3,13 +3,10 @@
 Each of the `group_size` samples is an agent loop written against the OpenAI chat API
 (`arealite.chat.ChatClient`): ask the model with the tools listed; if it calls tools, run
 them and append their results as `tool` messages; ask again; up to `max_turns` replies. The
-last reply (when it calls no tool) is the answer, scored by `reward_fn` on the record: that is
-the last turn's reward. `turn_reward(messages, data)`, when given, rewards each earlier reply
-that called tools (`messages` end with its tool results): per-turn rewards, credited turn by
-turn with `actor.adv_estimator=turn_loo`; the sample's `rewards` is then the sum of its turns'.
+last reply (when it calls no tool) is the answer, scored by `reward_fn` on the record: the last
+turn's reward; `turn_reward(messages, data)` rewards each earlier reply (docs/agents.md §7).
 
-The trajectory is one sequence per sample (one per chain when a history was not a token
-prefix, docs/agents.md §2), built from the client's records, with `turn_ids`/`turn_rewards`:
+The trajectory is one sequence per sample (per chain, docs/agents.md §2) from the client's records:
 
     prompt | call | tool result | answer         loss_mask: 0 | 1 | 0 | 1
 
