@@ -5,16 +5,20 @@ multi-turn task whose turns have their own rewards and where the policy decides 
 
 The task (tests/train/test_turn_credit_learns.py): up to 3 turns of 4 tokens from a random tiny
 model; a turn's reward is its fraction of even token ids, and the episode takes another turn
-only when a turn ends on an even token. Three estimators train the same model on the same
-prompts, seeds and number of samples (8 prompts x 8 episodes a step), in process:
+only when a turn ends on a token of `--parity` (1, odd, by default: continuing costs the turn a
+quarter of its reward and is worth a whole further turn, the choice the per-turn-index baseline
+mis-credits; 0, even: the guard's task, where both point the same way). Three estimators train
+the same model on the same prompts, seeds and number of samples (8 prompts x 8 episodes a
+step), in process:
 
     sequence    outcome only: GRPO's group-normalised episode return on every token
     turn_loo    each turn's reward-to-go minus the mean of the group's other samples that reached it
     turn_index  MT-GRPO's per-turn-index group mean, accumulated from the turn on (biased)
 
-Then each is evaluated on held-out prompts (4 episodes each, temperature 1): success (an episode
-whose return is at least 2 of the 3 possible) and mean turns per episode. The sides run one
-after another in alternating order per seed. Prints one line per estimator, then
+Then each is evaluated on held-out prompts (4 episodes each, temperature 1): success (an
+episode whose return is at least 2: all 3 turns with most tokens even; the most is 2.5 with
+--parity 1) and mean turns per episode. The sides run one after another in alternating order
+per seed. Prints one line per estimator, then
 `turn_loo_vs_turn_index_success=<median over seeds of the paired difference>`.
 """
 
@@ -36,7 +40,7 @@ ESTIMATORS = ("sequence", "turn_loo", "turn_index")
 SUCCESS_RETURN = 2.0
 
 
-def held_out(sampler, seed: int, prompts: int) -> tuple[float, float]:
+def held_out(sampler, seed: int, prompts: int, parity: int) -> tuple[float, float]:
     """(success rate, mean turns) of 4 episodes on each of `prompts` fresh prompts."""
     import torch
 
@@ -44,7 +48,7 @@ def held_out(sampler, seed: int, prompts: int) -> tuple[float, float]:
 
     g = torch.Generator().manual_seed(10_000 + seed)
     ids = torch.randint(0, sampler.config.vocab_size, (prompts, PROMPT_LEN), generator=g).repeat_interleave(4, 0)
-    batch = rollout_episodes(sampler, ids, g)
+    batch = rollout_episodes(sampler, ids, g, parity)
     turns = (batch["turn_ids"].max(dim=1).values + 1).float()
     return float((batch["rewards"] >= SUCCESS_RETURN).float().mean()), float(turns.mean())
 
@@ -54,6 +58,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--eval-prompts", type=int, default=64)
+    ap.add_argument("--parity", type=int, choices=(0, 1), default=1, help="an episode goes on after a turn ending so")
     ap.add_argument("--model-path", default="", help="a tiny model folder; default: one built here")
     ap.add_argument("--smoke", action="store_true", help="one seed, 2 steps, 4 held-out prompts")
     args = ap.parse_args()
@@ -80,15 +85,15 @@ def main() -> None:
         for est in order(i, ESTIMATORS):
             settle()
             start = time.perf_counter()
-            returns, sampler = run(model, est, steps=args.steps, seed=seed)
+            returns, sampler = run(model, est, steps=args.steps, seed=seed, parity=args.parity)
             seconds = time.perf_counter() - start
-            success, turns = held_out(sampler, seed, args.eval_prompts)
+            success, turns = held_out(sampler, seed, args.eval_prompts, args.parity)
             results[est].append({"seed": seed, "success": success, "turns": turns, "seconds": seconds,
                                  "train_return_last": sum(returns[-3:]) / len(returns[-3:])})  # fmt: skip
             print(f"seed={seed} estimator={est} heldout_success={success:.3f} mean_turns={turns:.2f} "
                   f"train_return_first={returns[0]:.3f} train_return_last3={results[est][-1]['train_return_last']:.3f} "
                   f"seconds={seconds:.1f}", flush=True)  # fmt: skip
-    before_success, before_turns = held_out(_fresh(model), args.seeds[0], args.eval_prompts)
+    before_success, before_turns = held_out(_fresh(model), args.seeds[0], args.eval_prompts, args.parity)
     print(f"untrained: heldout_success={before_success:.3f} mean_turns={before_turns:.2f}")
     for est in ESTIMATORS:
         rs = results[est]

@@ -30,8 +30,9 @@ STEPS, WINDOW, MARGIN = 10, 3, 0.3
 ENV_TOKEN = 1  # what the environment says between two turns (loss mask 0)
 
 
-def rollout_episodes(model, prompts: torch.Tensor, g: torch.Generator) -> dict:
-    """Roll out every episode turn by turn; the batch as a multi-turn workflow returns it."""
+def rollout_episodes(model, prompts: torch.Tensor, g: torch.Generator, parity: int = 0) -> dict:
+    """Roll out every episode turn by turn; the batch as a multi-turn workflow returns it. An episode
+    goes on after a turn whose last token id has this parity (benchmarks/turn_credit.py: odd)."""
     B = prompts.shape[0]
     ids = prompts
     outputs, logps, turn_ids = [[] for _ in range(B)], [[] for _ in range(B)], [[] for _ in range(B)]
@@ -53,7 +54,7 @@ def rollout_episodes(model, prompts: torch.Tensor, g: torch.Generator) -> dict:
                 logps[b] += [float(lp[b]) for _, lp in step_ids]
                 turn_ids[b] += [turn] * NEW
                 rewards[b][turn] = sum(t % 2 == 0 for t in toks) / NEW
-                alive[b] = toks[-1] % 2 == 0 and turn < TURNS - 1
+                alive[b] = toks[-1] % 2 == parity and turn < TURNS - 1
                 if alive[b]:
                     outputs[b].append(ENV_TOKEN)
                     logps[b].append(0.0)
@@ -71,7 +72,7 @@ def rollout_episodes(model, prompts: torch.Tensor, g: torch.Generator) -> dict:
 
 
 def run(
-    model_dir: str, estimator: str = "turn_loo", steps: int = STEPS, seed: int = 5, lr: float = 0.01
+    model_dir: str, estimator: str = "turn_loo", steps: int = STEPS, seed: int = 5, lr: float = 0.01, parity: int = 0
 ) -> tuple[list[float], torch.nn.Module]:
     """Mean episode return of each step's batch, training with `estimator` (a `sequence` run is
     credited the episode's return); and the sampler, holding the trained weights."""
@@ -85,7 +86,7 @@ def run(
     try:
         for _ in range(steps):
             prompts = torch.randint(0, vocab, (PROMPTS, PROMPT_LEN), generator=g).repeat_interleave(GROUP, 0)
-            batch = rollout_episodes(sampler, prompts, g)
+            batch = rollout_episodes(sampler, prompts, g, parity)
             actor.compute_advantages(batch)
             actor.ppo_update(batch)
             assert not sampler.load_state_dict(dict(actor.export_weights()), strict=False).unexpected_keys
