@@ -3,7 +3,7 @@
     endpoint = AgentEndpoint(engine, tokenizer, gconfig); await endpoint.start()  # loopback, free port
     session = endpoint.open_session()   # session.base_url: what the program's OpenAI(base_url=...) gets
     ...                                 # the program POSTs <base_url>/chat/completions (and /reward)
-    endpoint.close_session(session.id); trajectory = session.client.trajectory(reward)
+    endpoint.close_session(session.id); trajectory = session.trajectory(reward)
 
 Each session is a `ChatClient`, so its trajectory is the conversation's tokens as generated,
 model tokens in the loss. Bad requests get OpenAI's error body (400), unknown or closed
@@ -43,8 +43,15 @@ class AgentSession:
     client: ChatClient
     base_url: str
     reward: float | None = None  # POSTed to <base_url>/reward
+    turn_rewards: dict[int, float] = field(default_factory=dict)  # turn (completion index) -> reward POSTed for it
     requests: int = 0
     errors: list[str] = field(default_factory=list)  # the 4xx messages sent back (shown when an episode fails)
+
+    def trajectory(self, reward: float = 0.0) -> dict:
+        """The episode's rows (`ChatClient.trajectory`): `reward` on the last turn plus the per-turn rewards."""
+        n = len(self.client.completions)
+        turns = [self.turn_rewards.get(k, 0.0) for k in range(n)]
+        return self.client.trajectory(reward, turn_rewards=turns)
 
 
 class AgentEndpoint:
@@ -161,8 +168,12 @@ class AgentEndpoint:
                 raise _ApiError(
                     400, f'reward must be a finite number, got {reward!r}: {{"reward": 1.0}}', param="reward"
                 )
-            session.reward = float(reward)
-            return web.json_response({"ok": True})
+            turn = _turn(session, body)
+            if turn is None:
+                session.reward = float(reward)
+            else:
+                session.turn_rewards[turn] = float(reward)
+            return web.json_response({"ok": True} if turn is None else {"ok": True, "turn": turn})
         except _ApiError as e:
             return _error(e, self.stats)
 
@@ -170,6 +181,30 @@ class AgentEndpoint:
         return web.json_response(
             {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "arealite"}]}
         )
+
+
+def _turn(session: AgentSession, body: dict[str, Any]) -> int | None:
+    """The turn a reward is for: `turn` (a completion's 0-based index in the session), or the
+    completion `completion_id` (choice `index`, default 0); None: the episode's reward."""
+    made = session.client.completions
+    if "completion_id" in body:
+        cid, index = body["completion_id"], body.get("index", 0)
+        for k, rec in enumerate(made):
+            if rec.id == f"{cid}-{index}":
+                return k
+        raise _ApiError(
+            400, f"completion_id={cid!r} (choice {index}) was not made in this session; send the id of one of its "
+            "chat completions", param="completion_id",
+        )  # fmt: skip
+    if "turn" not in body:
+        return None
+    turn = body["turn"]
+    if isinstance(turn, bool) or not isinstance(turn, int) or not 0 <= turn < len(made):
+        raise _ApiError(
+            400, f"turn={turn!r} must be the 0-based index of one of this session's {len(made)} completions so far "
+            '(in the order made): {"reward": 0.5, "turn": 0}', param="turn",
+        )  # fmt: skip
+    return turn
 
 
 def _wire(completion: Any) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Each of the `group_size` samples runs `command` as a subprocess with its own `AgentEndpoint`
 session (`OPENAI_BASE_URL`, `AREALITE_TASK`, `AREALITE_REWARD_URL` in its environment). Its
 reward is `reward_fn` on the final reply, else the reward it POSTed, else a last stdout line
-`reward=<float>`; its trajectory is the session's conversation. A sample that times out,
+`reward=<float>`, on its last turn, plus any reward it POSTed for a turn (`{"reward": r, "turn":
+k}`); its trajectory is the session's conversation, one row per chain. A sample that times out,
 crashes, makes no completion or reports no reward rejects its group and is counted in `stats`
 (docs/agents.md).
 """
@@ -104,9 +105,11 @@ class AgentProgramWorkflow(RolloutWorkflow):
         if not session.client.completions:
             return self._fail("agent_no_completion", stdout, session)
         reward = await self._reward(session, stdout, data)
+        if reward is None and session.turn_rewards:
+            reward = 0.0  # per-turn rewards only: they are the episode's rewards
         if reward is None:
             return self._fail("agent_no_reward", stdout, session)
-        return session.client.trajectory(reward)
+        return session.trajectory(reward)
 
     async def _run(self, session: AgentSession, data: dict[str, Any]) -> tuple[str, str]:
         """Run the program to its end or its timeout: ("ok" | failure counter name, its output)."""

@@ -2,12 +2,14 @@
 
     client = ChatClient(engine, tokenizer, gconfig)
     completion = await client.chat.completions.create(model="policy", messages=[...], tools=[...])
-    trajectory = client.trajectory(reward)    # the conversation as one training sequence
+    trajectory = client.trajectory(reward)    # the conversation: one training row per chain
 
 `create` takes `openai.AsyncOpenAI`'s arguments and returns a `ChatCompletion` (the `openai`
 class when installed). Each choice is one `engine.agenerate`; a request that continues an
 earlier completion continues its tokens (never re-tokenized), so the loss mask covers exactly
-the model's tokens. Streaming, `tool_choice="required"`, top logprobs and response formats
+the model's tokens; a request whose history the template renders otherwise (it drops earlier
+reasoning; the agent compacted it) starts a new chain, trained as a further row of the episode.
+Streaming, `tool_choice="required"`, top logprobs and response formats
 raise a clear error (docs/agents.md).
 """
 
@@ -19,10 +21,18 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from arealite.chat.record import CompletionRecord, conversation_trajectory
-from arealite.chat.template import check_tools, continuation_ids, parse_tool_calls, render_prompt, template_message
+from arealite.chat.record import CompletionRecord, conversation_trajectory, episode_trajectory
+from arealite.chat.template import (
+    check_tools,
+    continuation_ids,
+    parse_tool_calls,
+    render_prompt,
+    render_text,
+    template_message,
+)
 from arealite.config import GenerationHyperparameters
 from arealite.interfaces import GenerationEngine
 from arealite.types import ModelRequest, ModelResponse
@@ -62,7 +72,7 @@ class ChatClient:
         self.group_id = group_id or uuid.uuid4().hex
         self.completions: list[CompletionRecord] = []  # every choice of every completion, in order
         self._replies: dict[str, CompletionRecord] = {}  # conversation key (up to the reply) -> its record
-        self.stats: dict[str, int] = {"completions": 0, "continued": 0, "malformed_tool_calls": 0}
+        self.stats: dict[str, int] = {"completions": 0, "continued": 0, "new_chains": 0, "malformed_tool_calls": 0}
         self.chat = _Namespace(completions=_Namespace(create=self.create))
 
     async def create(
@@ -127,14 +137,19 @@ class ChatClient:
         }
         return chat_completion(payload)
 
-    def trajectory(self, reward: float, last: CompletionRecord | None = None) -> dict:
-        """The conversation ending at `last` (default: the latest completion) as one training
-        sequence: `[1, T]` tensors (loss mask 1 on the model's tokens only) and `rewards` `[1]`."""
-        if last is None:
-            if not self.completions:
-                raise ValueError("this client has no completions yet; call chat.completions.create first")
-            last = self.completions[-1]
-        return conversation_trajectory(last, reward)
+    def trajectory(
+        self, reward: float = 0.0, last: CompletionRecord | None = None, turn_rewards: Sequence[float] | None = None
+    ) -> dict:
+        """The episode as training rows (loss mask 1 on the model's tokens only): one per chain of
+        completions, each completion trained in exactly one, with `turn_ids` (turn k is
+        `self.completions[k]`), `turn_rewards` (`turn_rewards[k]`, one per completion, plus `reward`
+        on the last turn), `chain` [R] and `rewards` [R] (the episode's return on every row).
+        With `last`: only the conversation ending there, as one row with `rewards` [1] = `reward`."""
+        if last is not None:
+            return conversation_trajectory(last, reward)
+        if not self.completions:
+            raise ValueError("this client has no completions yet; call chat.completions.create first")
+        return episode_trajectory(self.completions, turn_rewards, reward)
 
     def record(self, completion_id: str, index: int = 0) -> CompletionRecord:
         """The record of choice `index` of the completion with id `completion_id`."""
@@ -184,9 +199,19 @@ class ChatClient:
                 extra = continuation_ids(self.tokenizer, parent.messages, msgs[i + 1 :], tools, last)
             except ValueError:
                 break  # a template that cannot continue token for token: render afresh
+            ids = parent.prompt_ids + parent.output_ids + extra
+            if not self._renders_as(msgs, tools, ids):
+                self.stats["new_chains"] += 1
+                break  # the template renders this history otherwise (drops earlier reasoning): a new chain
             self.stats["continued"] += 1
-            return parent.prompt_ids + parent.output_ids + extra, parent
+            return ids, parent
         return render_prompt(self.tokenizer, msgs, tools), None
+
+    def _renders_as(self, msgs: list[dict[str, Any]], tools: list[dict] | None, ids: list[int]) -> bool:
+        """Whether the template renders `msgs` (with the generation prompt) as exactly the text of `ids`:
+        the model then sees in training what a fresh rendering of the request would show it."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return text == render_text(self.tokenizer, msgs, tools)
 
     def _choice(
         self,

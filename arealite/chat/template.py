@@ -121,6 +121,11 @@ def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | 
     return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation_prompt, tokenize=False)
 
 
+def render_text(tokenizer: Any, messages: list[Any], tools: list[dict] | None = None) -> str:
+    """The prompt text of `messages` (and `tools`) with the assistant's generation prompt."""
+    return _render(tokenizer, [template_message(m) for m in messages], tools, True)
+
+
 def render_prompt(tokenizer: Any, messages: list[Any], tools: list[dict] | None = None) -> list[int]:
     """Prompt token ids of `messages` (and `tools`) with the assistant's generation prompt."""
     text = _render(tokenizer, [template_message(m) for m in messages], tools, True)

@@ -22,6 +22,7 @@ PolicyLoss = Literal["ppo", "cispo", "sapo", "dppo"]  # algo.losses.OBJECTIVES
 RolloutCorrectionLevel = Literal["none", "token", "sequence"]
 RolloutRejectionLevel = Literal["none", "token", "sequence", "geometric"]
 TrustRegionKind = Literal["none", "tv", "kl"]  # algo.trust_region.KINDS
+AdvEstimator = Literal["sequence", "turn_loo", "turn_index"]  # sequence, plus algo.turns.TURN_ESTIMATORS
 
 
 @dataclass
@@ -133,6 +134,14 @@ class PPOActorConfig(TrainEngineConfig):
     group_norm: GroupNorm = setting(
         "mean_std", "baseline within a group: mean_std (GRPO) | mean (Dr.GRPO) | rloo (RLOO) | none"
     )
+    adv_estimator: AdvEstimator = setting(
+        "sequence",
+        "sequence (one score per sample: group_norm, or GAE with a critic) | turn_loo (per-turn credit: each "
+        "turn's reward-to-go minus the mean reward-to-go of the group's other samples that reached that turn; "
+        "unbiased with variable turn counts; needs batch turn_ids/turn_rewards, ignores group_norm, gamma "
+        "discounts across turns) | turn_index (MT-GRPO-style per-turn-index group mean: biased when the policy "
+        "chooses how many turns to take; for comparison)",
+    )
     whiten_advantages: bool = setting(
         False,
         "whiten advantages over the batch's loss tokens (with group_norm=mean: REINFORCE++-baseline; with a "
@@ -229,6 +238,17 @@ class PPOActorConfig(TrainEngineConfig):
         if self.c_clip is not None and self.c_clip <= 1.0:
             raise ConfigError(f"actor.c_clip={self.c_clip} must be > 1 (dual clip), or null to disable")
         self._check_objective_and_correction()
+        if self.adv_estimator != "sequence":
+            if self.overlong_tokens is not None:
+                raise ConfigError(
+                    f"actor.overlong_tokens (a per-sequence penalty) does not apply to actor.adv_estimator="
+                    f"{self.adv_estimator} (per-turn rewards); set it to null, or give the penalty as a turn reward"
+                )
+            if self.kl_ctl > 0 and self.kl_in_reward:
+                raise ConfigError(
+                    f"actor.kl_in_reward (token-level returns) does not combine with actor.adv_estimator="
+                    f"{self.adv_estimator}; set kl_in_reward=false (the KL goes in the loss) or adv_estimator=sequence"
+                )
 
     def _check_objective_and_correction(self) -> None:
         if self.c_clip is not None and self.policy_loss != "ppo":

@@ -6,12 +6,12 @@ tensors are `[B]`. `versions` pads with -1 (no policy produced a pad), everythin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 # Pad value of each per-token key that does not pad with 0.
-PAD_VALUES = {"versions": -1}
+PAD_VALUES = {"versions": -1, "turn_ids": -1}
 
 
 def pad_value(key: str) -> int:
@@ -48,11 +48,20 @@ def trajectory_from_tokens(
     output_logprobs: Sequence[Sequence[float]],
     output_versions: Sequence[Sequence[int]],
     output_loss_mask: Sequence[Sequence[int]] | None = None,
+    output_turn_ids: Sequence[Sequence[int]] | None = None,
+    turn_rewards: Sequence[Mapping[int, float]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Build `input_ids, attention_mask, loss_mask, logprobs, versions` `[B, T]` from per-sample
     prompt and output token lists. `output_loss_mask` (default all ones) lets a workflow mark
     output tokens it did not generate, such as tool or feedback text, with 0: such a token gets
-    logprob 0 and version -1, as a prompt token does."""
+    logprob 0 and version -1, as a prompt token does.
+
+    With `output_turn_ids` (the episode's turn index of each output token, -1 on tokens the
+    model did not generate) also `turn_ids` [B, T] (-1 on the prompt and padding) and
+    `turn_rewards` [B, T]: `turn_rewards[b][k]` on the last token of turn k in row b
+    (`arealite.algo.turns`); a turn with no token in the row adds its reward to the nearest
+    earlier turn's last token there (else the first later one), so every reward reaches the
+    turns before it."""
     if not prompt_ids:
         raise ValueError("trajectory_from_tokens needs at least one sample")
     width = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
@@ -77,4 +86,34 @@ def trajectory_from_tokens(
         rows["logprobs"].append([0.0] * p + [lp if m else 0.0 for lp, m in zip(logprobs, mask)] + [0.0] * pad)
         rows["versions"].append([-1] * p + [v if m else -1 for v, m in zip(versions, mask)] + [-1] * pad)
     dtypes = {"attention_mask": torch.bool, "loss_mask": torch.int32, "logprobs": torch.float32}
-    return {key: torch.tensor(value, dtype=dtypes.get(key, torch.long)) for key, value in rows.items()}
+    out = {key: torch.tensor(value, dtype=dtypes.get(key, torch.long)) for key, value in rows.items()}
+    if output_turn_ids is not None:
+        out.update(_turn_tensors(prompt_ids, output_turn_ids, turn_rewards or [{}] * len(prompt_ids), width))
+    return out
+
+
+def _turn_tensors(
+    prompt_ids: Sequence[Sequence[int]],
+    output_turn_ids: Sequence[Sequence[int]],
+    turn_rewards: Sequence[Mapping[int, float]],
+    width: int,
+) -> dict[str, torch.Tensor]:
+    ids = torch.full((len(prompt_ids), width), -1, dtype=torch.long)
+    rewards = torch.zeros(len(prompt_ids), width, dtype=torch.float32)
+    for b, (prompt, turns) in enumerate(zip(prompt_ids, output_turn_ids)):
+        p = len(prompt)
+        ids[b, p : p + len(turns)] = torch.tensor(list(turns), dtype=torch.long)
+        last: dict[int, int] = {}  # turn -> position of its last token in this row
+        for i, k in enumerate(turns):
+            if k >= 0:
+                last[int(k)] = p + i
+        for k, r in turn_rewards[b].items():
+            if not r:
+                continue
+            pos = last.get(k)
+            if pos is None and last:  # a turn without tokens here: the nearest earlier turn, else a later one
+                earlier = [t for t in last if t < k]
+                pos = last[max(earlier)] if earlier else last[min(last)]
+            if pos is not None:
+                rewards[b, pos] += float(r)
+    return {"turn_ids": ids, "turn_rewards": rewards}

@@ -32,10 +32,11 @@ def rewards_differ(trajectory: Batch) -> bool:
 
 
 def informative_rows(batch: Batch, group_size: int) -> list[list[int]]:
-    """The rows of each group (`group_size` consecutive rows) whose rewards differ, in order."""
-    n = batch["rewards"].shape[0]
+    """The rows of each group (`group_size` consecutive samples; a sample's further chains, rows with
+    `chain` > 0, go with it) whose rewards differ, in order."""
+    n = len(_starts(batch))
     if n % group_size:
-        raise ValueError(f"batch of {n} rows is not a whole number of groups of {group_size}")
+        raise ValueError(f"batch of {n} samples is not a whole number of groups of {group_size}")
     return [rows for rows in _groups(batch, group_size) if rewards_differ({"rewards": batch["rewards"][rows]})]
 
 
@@ -112,5 +113,14 @@ class DynamicSampler:
         return concat_padded(kept)
 
 
+def _starts(batch: Batch) -> list[int]:
+    """The first row of every sample (all rows without `chain`)."""
+    rows = batch["rewards"].shape[0]
+    if "chain" not in batch:
+        return list(range(rows))
+    return [i for i, c in enumerate(batch["chain"].tolist()) if c == 0]
+
+
 def _groups(batch: Batch, group_size: int) -> list[list[int]]:
-    return [list(range(g, g + group_size)) for g in range(0, batch["rewards"].shape[0], group_size)]
+    starts = _starts(batch) + [batch["rewards"].shape[0]]
+    return [list(range(starts[g], starts[g + group_size])) for g in range(0, len(starts) - 1, group_size)]

@@ -3,8 +3,13 @@
 In order, each step a call into `arealite.algo.advantages`: reward shaping and DAPO's overlong
 penalty, masking truncated responses (`mask_no_eos_with_zero`), the group baseline
 (`group_norm`), token-level GAE when there are critic values or a KL-in-reward penalty (else
-the score is broadcast to the loss tokens), and `whiten_advantages`. What each setting
-computes: docs/algorithms.md. Group size and generation budget come from `gconfig`.
+the score is broadcast to the loss tokens), and `whiten_advantages`; or, with a turn-level
+`adv_estimator`, each turn's credit from `arealite.algo.turns` in place of the score. What each
+setting computes: docs/algorithms.md. Group size and generation budget come from `gconfig`.
+
+A batch may hold several rows per sample (`chain` [B]: 0 on a sample's first row, 1, 2, ... on
+the further chains of an episode whose histories were not token prefixes): groups are then
+`gconfig.group_size` consecutive *episodes*, and every chain of an episode gets its advantages.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import torch
 
 from arealite.algo.advantages import broadcast_to_tokens, gae_packed, group_normalize, masked_whiten
 from arealite.algo.losses import KL_ESTIMATORS
+from arealite.algo.turns import credit_to_tokens, episode_index, episode_turns, turn_credit
 from arealite.config import GenerationHyperparameters, PPOActorConfig
 from arealite.data.packing import Batch, pack, unpack
 
@@ -63,25 +69,63 @@ def estimate_advantages(
             score = torch.where(cut, torch.zeros_like(score), score)
         loss_mask = out["loss_mask"] = loss_mask * ~cut.to(loss_mask.device)[:, None]
         batch = {**batch, "loss_mask": loss_mask}
-    if config.group_norm != "none":
-        G = gconfig.group_size
-        if score.shape[0] % G != 0:
-            raise ValueError(
-                f"batch of {score.shape[0]} sequences is not a whole number of groups of gconfig.group_size={G}; "
-                "keep every group's samples together on one rank"
-            )
-        score = group_normalize(score, G, mode=config.group_norm, eps=config.adv_eps, std=config.group_std)
+    episode = episode_index(batch.get("chain"), score.shape[0], score.device)
+    n_episodes = int(episode[-1]) + 1 if episode.numel() else 0
+    chained = n_episodes != score.shape[0]
     token_level = "values" in batch or (config.kl_ctl > 0 and config.kl_in_reward)
-    if token_level:
-        out.update(_token_level(batch, score, config))
-        adv = out["advantages"]
+    if chained and token_level:
+        raise ValueError(
+            "episodes of several rows (batch['chain'] > 0: histories that were not token prefixes) do not support "
+            "token-level returns (a critic or kl_in_reward); use a critic-free estimator with kl_in_reward=false"
+        )
+    if config.adv_estimator != "sequence":
+        if token_level:
+            raise ValueError(
+                f"actor.adv_estimator={config.adv_estimator} is critic-free; the batch has critic values. Drop the "
+                "critic or use adv_estimator=sequence"
+            )
+        adv = _turn_level(batch, episode, n_episodes, config, gconfig)
     else:
-        adv = broadcast_to_tokens(score, loss_mask)
+        if chained:  # one score per episode: its last row's (the chain with its final turn)
+            last = torch.zeros(n_episodes, dtype=torch.long, device=score.device)
+            last.scatter_reduce_(0, episode, torch.arange(score.shape[0], device=score.device), reduce="amax")
+            score = score[last]
+        if config.group_norm != "none":
+            G = gconfig.group_size
+            if score.shape[0] % G != 0:
+                raise ValueError(
+                    f"batch of {score.shape[0]} samples is not a whole number of groups of gconfig.group_size={G}; "
+                    "keep every group's samples together on one rank"
+                )
+            score = group_normalize(score, G, mode=config.group_norm, eps=config.adv_eps, std=config.group_std)
+        score = score[episode] if chained else score
+        if token_level:
+            out.update(_token_level(batch, score, config))
+            adv = out["advantages"]
+        else:
+            adv = broadcast_to_tokens(score, loss_mask)
     mask = loss_mask.bool()
     if config.whiten_advantages:
         adv = masked_whiten(adv, mask, config.adv_eps)
     out["advantages"] = torch.where(mask, adv, torch.zeros_like(adv)).float()
     return out
+
+
+def _turn_level(
+    batch: Batch, episode: torch.Tensor, n_episodes: int, config: PPOActorConfig, gconfig: GenerationHyperparameters
+) -> torch.Tensor:
+    """Per-token turn credit [B, T] (`arealite.algo.turns`), each turn reward shaped as `shaped_rewards`."""
+    for key in ("turn_ids", "turn_rewards"):
+        if key not in batch:
+            raise KeyError(
+                f"actor.adv_estimator={config.adv_estimator} needs batch[{key!r}] [B, T] (MultiTurnWorkflow, "
+                "ToolUseWorkflow, ChatClient.trajectory and AgentProgramWorkflow set it); or use adv_estimator=sequence"
+            )
+    turn_ids = batch["turn_ids"].to(episode.device)
+    rewards, n_turns = episode_turns(turn_ids, batch["turn_rewards"].to(episode.device), episode, n_episodes)
+    shaped = ((rewards + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
+    credit = turn_credit(shaped, n_turns, gconfig.group_size, config.adv_estimator, config.gamma)
+    return credit_to_tokens(credit, episode, turn_ids)
 
 
 def _token_level(batch: Batch, score: torch.Tensor, config: PPOActorConfig) -> dict[str, torch.Tensor]:

@@ -3,7 +3,9 @@
 Each of the `group_size` samples is a conversation. After a wrong answer (reward <= 0) the
 user replies with `feedback` and the model answers again, seeing its earlier attempts. The
 sample's reward is the reward of its last answer times `turn_discount ** (turns - 1)`, so a
-correct first answer is worth most. The trajectory is one sequence per sample:
+correct first answer is worth most; each answer's own reward, times `turn_discount ** turn`,
+is kept as its turn's reward (`turn_ids`, `turn_rewards`: for `actor.adv_estimator=turn_loo`).
+The trajectory is one sequence per sample:
 
     prompt | answer 1 | feedback 1 | answer 2 | ...      loss_mask: 0 | 1 | 0 | 1 | ...
 
@@ -39,6 +41,8 @@ class _Conversation:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)  # the answer each token belongs to, -1 on feedback
+    turn_rewards: dict[int, float] = field(default_factory=dict)
     turns: int = 0
     truncated: bool = False  # the last answer ran out of its token budget
 
@@ -48,6 +52,7 @@ class _Conversation:
         self.logprobs += logprobs if model else [0.0] * len(tokens)
         self.versions += versions if versions is not None else [-1] * len(tokens)
         self.loss_mask += [int(model)] * len(tokens)
+        self.turn_ids += [self.turns if model else -1] * len(tokens)
 
 
 class MultiTurnWorkflow(RolloutWorkflow):
@@ -96,6 +101,8 @@ class MultiTurnWorkflow(RolloutWorkflow):
             [c.logprobs for c in convs],
             [c.versions for c in convs],
             output_loss_mask=[c.loss_mask for c in convs],
+            output_turn_ids=[c.turn_ids for c in convs],
+            turn_rewards=[c.turn_rewards for c in convs],
         )
         traj["rewards"] = torch.tensor([reward for _, reward in results], dtype=torch.float32)  # [G]
         traj["num_turns"] = torch.tensor([c.turns for c in convs], dtype=torch.long)  # [G]
@@ -109,7 +116,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
         for turn in range(self.max_turns):
             context = conv.prompt_ids + conv.tokens
             resp = await engine.agenerate(ModelRequest(input_ids=context, gconfig=self.gconfig, group_id=group_id))
-            conv.add(resp.output_tokens, resp.output_logprobs, resp.output_versions)
+            conv.add(resp.output_tokens, resp.output_logprobs, resp.output_versions)  # turn `turn`
             conv.turns = turn + 1
             conv.truncated = is_truncated(resp, self.stop_ids)
             self.stats["turns"] += 1
@@ -119,6 +126,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             reward = await self.scorer.score(prompt, answer, context, resp.output_tokens, data, conv.truncated)
             if reward is None:
                 return None
+            conv.turn_rewards[turn] = reward * self.turn_discount**turn
             if reward > 0 or turn == self.max_turns - 1:
                 return conv, reward * self.turn_discount**turn
             conv.add(self.feedback_ids(messages, resp.output_tokens[-1] if resp.output_tokens else None))

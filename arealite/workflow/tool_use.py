@@ -3,9 +3,10 @@
 Each of the `group_size` samples is an agent loop written against the OpenAI chat API
 (`arealite.chat.ChatClient`): ask the model with the tools listed; if it calls tools, run
 them and append their results as `tool` messages; ask again; up to `max_turns` replies. The
-last reply (when it calls no tool) is the answer, scored by `reward_fn` on the record.
+last reply (when it calls no tool) is the answer, scored by `reward_fn` on the record: the last
+turn's reward; `turn_reward(messages, data)` rewards each earlier reply (docs/agents.md §7).
 
-The trajectory is one sequence per sample, built from the client's records:
+The trajectory is one sequence per sample (per chain, docs/agents.md §2) from the client's records:
 
     prompt | call | tool result | answer         loss_mask: 0 | 1 | 0 | 1
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ class ToolUseWorkflow(RolloutWorkflow):
         reward_pool: RewardPool | None = None,
         reward_timeout: float = 15.0,
         on_reward_error: str = "reject",
+        turn_reward: Callable[[list[Any], dict[str, Any]], float] | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns} must be >= 1 (replies per sample, the answer included)")
@@ -62,6 +64,7 @@ class ToolUseWorkflow(RolloutWorkflow):
         self.tools = {t.name: t for t in tools}
         self.schemas = [t.schema() for t in tools] or None
         self.max_turns = max_turns
+        self.turn_reward = turn_reward
         self.stats: dict[str, int] = {
             "episodes": 0,
             "rejected_groups": 0,
@@ -88,7 +91,8 @@ class ToolUseWorkflow(RolloutWorkflow):
             self.stats["rejected_groups"] += 1
             return None
         traj = concat_padded([t for t, _ in results])
-        traj["num_tool_calls"] = torch.tensor([calls for _, calls in results], dtype=torch.long)  # [G]
+        calls = [[calls] * t["chain"].numel() for t, calls in results]  # every row (chain) of a sample
+        traj["num_tool_calls"] = torch.tensor(sum(calls, []), dtype=torch.long)  # [rows]
         return traj
 
     async def _agent(
@@ -104,6 +108,7 @@ class ToolUseWorkflow(RolloutWorkflow):
         """One sample: the agent loop, then its reward; None when the reward failed (reject)."""
         client = ChatClient(engine, self.tokenizer, self.gconfig, group_id)
         calls = 0
+        turn_rewards: list[float] = []
         for turn in range(self.max_turns):
             # each reply of each sample gets a seed of its own (reproducible runs); None: server-chosen
             seed = seeded_gconfig(self.gconfig, data, prompt_ids, index * self.max_turns + turn, version).sampling_seed
@@ -119,13 +124,15 @@ class ToolUseWorkflow(RolloutWorkflow):
                 result = await self._run(call.function.name, call.function.arguments)
                 messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
                 calls += 1
+            turn_rewards.append(0.0 if self.turn_reward is None else float(self.turn_reward(messages, data)))
         last = client.completions[-1]
         answer = "" if message.tool_calls else (message.content or "")  # out of turns while still calling: no answer
         prompt = self.tokenizer.decode(last.prompt_ids, skip_special_tokens=False)
         reward = await self.scorer.score(prompt, answer, last.prompt_ids, last.output_ids, data)
         if reward is None:
             return None
-        return client.trajectory(reward), calls
+        turn_rewards += [0.0] * (len(client.completions) - len(turn_rewards))  # the answer: `reward`
+        return client.trajectory(reward, turn_rewards=turn_rewards), calls
 
     async def _run(self, name: str, arguments: str) -> str:
         """The result text of one call; what went wrong is shown to the model as `error: ...`."""

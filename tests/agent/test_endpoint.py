@@ -106,3 +106,38 @@ def test_unknown_and_finished_sessions_are_404(endpoint):
         stranger.chat.completions.create(model="policy", messages=GREETING)
     status, payload = _post(f"{endpoint.address}/v1/chat/completions", json.dumps({"messages": GREETING}).encode())
     assert status == 404 and SESSION_HEADER in payload["error"]["message"]
+
+
+def test_per_turn_rewards_and_a_template_that_drops_earlier_reasoning(tool_engine, tool_model_dir):
+    """A program on a thinking template (earlier <think> blocks dropped from the history): each
+    request is its own chain, every reply is trained, and the rewards it POSTs per turn (by turn
+    index or by completion id) land on those turns' tokens."""
+    from tests.chat.test_client import thinking_tokenizer
+
+    gconfig = GenerationHyperparameters(max_new_tokens=6, temperature=0.0)
+    ep = AgentEndpoint(tool_engine, thinking_tokenizer(tool_model_dir), gconfig)
+    tool_engine._loop.run(ep.start())
+    try:
+        session = ep.open_session()
+        client = openai.OpenAI(base_url=session.base_url, api_key="x", max_retries=0)
+        messages = list(GREETING)
+        first = client.chat.completions.create(model="policy", messages=messages)
+        messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+        second = client.chat.completions.create(model="policy", messages=messages)
+        url = f"{session.base_url}/reward"
+        assert _post(url, json.dumps({"reward": 0.5, "turn": 0}).encode()) == (200, {"ok": True, "turn": 0})
+        status, payload = _post(url, json.dumps({"reward": -0.25, "completion_id": second.id}).encode())
+        assert (status, payload) == (200, {"ok": True, "turn": 1})
+        assert _post(url, b'{"reward": 1.0}') == (200, {"ok": True})
+        for body, words in [({"reward": 1.0, "turn": 2}, "turn=2"), ({"reward": 1.0, "completion_id": "x"}, "'x'")]:
+            status, payload = _post(url, json.dumps(body).encode())
+            assert status == 400 and words in payload["error"]["message"], payload
+        assert session.client.stats["new_chains"] == 1
+        traj = session.trajectory(session.reward)
+    finally:
+        tool_engine._loop.run(ep.stop())
+    assert traj["chain"].tolist() == [0, 1] and traj["rewards"].tolist() == [1.25, 1.25]
+    for k, rec in enumerate(session.client.completions):
+        mask = traj["loss_mask"][k].bool()
+        assert traj["input_ids"][k][mask].tolist() == rec.output_ids and (traj["turn_ids"][k][mask] == k).all()
+    assert traj["turn_rewards"].sum(-1).tolist() == [0.5, 0.75]  # turn 1: -0.25 + the episode's 1.0

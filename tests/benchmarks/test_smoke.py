@@ -45,6 +45,7 @@ FIGURES = {
     "soak.py": "rss_mb_per_1k_requests",
     "time_to_accuracy.py": "async_vs_sync_time_to_accuracy_reasoning",
     "train_packing.py": "packed_speedup_vs_bucketed",
+    "turn_credit.py": "turn_loo_vs_turn_index_success",
     "variants.py": "variants_learning",
     "vllm_parity.py": "vllm_parity_max_after_sync",
     "vs_trl.py": "arealite_vs_trl_equal_cores",
@@ -59,6 +60,7 @@ TAKES_MODEL_PATH = {
     "soak.py",
     "time_to_accuracy.py",
     "train_packing.py",
+    "turn_credit.py",
     "variants.py",
     "vs_trl.py",
 }
@@ -98,6 +100,7 @@ HEAVY = {
     "deterministic_server.py",
     "lockstep_schedule.py",
     "vllm_parity.py",
+    "turn_credit.py",  # three in-process trainings, about half a minute; what it runs: tests/train/test_turn_credit*
 }
 
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from arealite.chat import ChatClient, chat_completion
-from arealite.chat.template import render_prompt
+from arealite.chat.template import render_prompt, render_text
 from arealite.config import GenerationHyperparameters
 from tests.tool_model import CALCULATOR, GREETING, QUESTION
 
@@ -113,8 +113,55 @@ def test_edited_history_starts_a_new_conversation(tool_engine, tool_tokenizer):
     edited = GREETING + [{"role": "assistant", "content": "good evening"}, {"role": "user", "content": "hi"}]
     asyncio.run(client.chat.completions.create(model="policy", messages=edited, tools=[CALCULATOR]))
     assert client.completions[1].parent is None and client.stats["continued"] == 0
-    traj = client.trajectory(0.0)
-    assert traj["loss_mask"].sum().item() == len(client.completions[1].output_ids)  # only its own reply
+    traj = client.trajectory(0.0)  # two chains, two rows: the first reply is trained too, not dropped
+    assert traj["chain"].tolist() == [0, 1]
+    assert traj["loss_mask"].sum(-1).tolist() == [len(c.output_ids) for c in client.completions]
+    last = client.completions[1]
+    assert client.trajectory(0.0, last=last)["loss_mask"].sum() == len(last.output_ids)  # one chain, as asked
+
+
+# DeepSeek-R1-style: the generation prompt opens <think>, and an earlier assistant turn is rendered
+# without its <think>...</think> block (only what follows '</think>'). A request whose history
+# holds an earlier reply is then not a token prefix of the conversation the model generated.
+THINKING_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{{- '<|im_start|>assistant\n' + (message['content'] or '').split('</think>')[-1] + '<|im_end|>\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n<think>\n' }}{%- endif %}"
+)
+
+
+def thinking_tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    return tokenizer
+
+
+def test_a_template_that_drops_earlier_reasoning_trains_every_chain(tool_engine, tool_model_dir):
+    tokenizer = thinking_tokenizer(tool_model_dir)
+    client = ChatClient(tool_engine, tokenizer, GenerationHyperparameters(temperature=0.0, max_new_tokens=6))
+    messages, requests = list(GREETING), []
+    for follow in ("again", "more", None):
+        requests.append(list(messages))
+        out = asyncio.run(client.chat.completions.create(model="policy", messages=messages))
+        messages += [out.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": follow}]
+    assert client.stats["new_chains"] == 2 and client.stats["continued"] == 0
+    traj = client.trajectory(1.0, turn_rewards=[0.5, 0.0, 0.25])
+    assert traj["chain"].tolist() == [0, 1, 2] and traj["rewards"].tolist() == [1.75] * 3
+    for k, (rec, request) in enumerate(zip(client.completions, requests)):
+        n = len(rec.prompt_ids)
+        # each row is what the model saw: the template's own rendering of that request, then its reply
+        assert tokenizer.decode(traj["input_ids"][k, :n]) == render_text(tokenizer, request)
+        assert traj["input_ids"][k][traj["loss_mask"][k].bool()].tolist() == rec.output_ids  # trained once, here
+        assert (traj["turn_ids"][k][traj["loss_mask"][k].bool()] == k).all()
+        assert traj["turn_rewards"][k].sum().item() == [0.5, 0.0, 1.25][k]
+    assert "<think>" not in render_text(tokenizer, requests[2])[: -len("<think>\n")]  # earlier reasoning dropped
 
 
 def test_unsupported_arguments_are_refused_before_generating(tool_tokenizer):

@@ -81,6 +81,9 @@ def test_rewards_differ_is_false_only_for_all_equal_groups():
     assert informative_rows(batch, 2) == [[2, 3], [6, 7]]
     with pytest.raises(ValueError, match="groups of 3"):
         informative_rows(batch, 3)
+    # a sample's further chains (histories that were not token prefixes) stay with its group
+    batch = {"rewards": torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 2.0, 2.0]), "chain": torch.tensor([0, 1, 0, 0, 1, 0, 1])}
+    assert informative_rows(batch, 2) == [[3, 4, 5, 6]]
 
 
 def test_batch_stats_report_truncated_fraction_and_staleness():

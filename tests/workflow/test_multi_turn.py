@@ -51,6 +51,12 @@ def test_second_answer_after_feedback(server_engine, tokenizer):
         assert (batch["versions"][row][valid][fb_start:fb_end] == -1).all()
         assert (batch["logprobs"][row][valid][fb_start:fb_end] == 0).all()
         assert (batch["logprobs"][row][valid][mask.bool()] < 0).all()
+        # each answer's tokens carry its turn; each turn's reward (times 0.5**turn) sits on its last token
+        turns = batch["turn_ids"][row][valid]
+        (_, a0, b0), _, (_, a1, b1) = runs
+        assert (turns[a0:b0] == 0).all() and (turns[fb_start:fb_end] == -1).all() and (turns[a1:b1] == 1).all()
+        rewards = batch["turn_rewards"][row][valid]
+        assert rewards[b1 - 1].item() == 0.5 and rewards.abs().sum().item() == 0.5
     assert workflow.stats["turns"] == 4
 
 

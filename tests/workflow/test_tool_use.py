@@ -38,6 +38,24 @@ def test_calls_the_calculator_and_trains_on_its_own_tokens(tool_engine, tool_tok
     assert (stats["tool_calls"], stats["tool_errors"], stats["turns"], stats["episodes"]) == (2, 0, 4, 1)
 
 
+def test_turn_reward_rewards_the_calling_turn(tool_engine, tool_tokenizer):
+    def turn_reward(messages, data):  # a sub-goal: the call's result is the record's answer
+        return 0.25 if messages[-1]["role"] == "tool" and messages[-1]["content"] == data["answer"] else 0.0
+
+    workflow = ToolUseWorkflow(
+        arithmetic_reward_fn, GREEDY, tool_tokenizer, [Calculator()], max_turns=3, turn_reward=turn_reward
+    )
+    batch = tool_engine.rollout_batch([RECORD], workflow)
+    assert batch["rewards"].tolist() == [1.25, 1.25]  # the episode's return: the call's 0.25 + the answer's 1.0
+    for row in range(2):
+        mask = batch["loss_mask"][row].bool()
+        turns, rewards = batch["turn_ids"][row], batch["turn_rewards"][row]
+        assert sorted(set(turns[mask].tolist())) == [0, 1] and (turns[~mask] == -1).all()
+        last_call, last_answer = (int((turns == k).nonzero().max()) for k in (0, 1))
+        assert rewards[last_call].item() == 0.25 and rewards[last_answer].item() == 1.0
+        assert rewards.sum().item() == 1.25
+
+
 def test_without_tools_the_first_reply_is_the_answer(tool_engine, tool_tokenizer):
     """tools=[]: the prompt lists none and nothing the model writes is run as a call."""
     workflow = ToolUseWorkflow(arithmetic_reward_fn, GREEDY, tool_tokenizer, [], max_turns=2)
