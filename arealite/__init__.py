@@ -25,17 +25,14 @@ _EXPORTS = {
     "filter_by_prompt_length": "arealite.data.loader",
     "create_dataloader": "arealite.data.loader",
     "train_dataloader": "arealite.data.loader",
-    "DataFeed": "arealite.data.feed",
     "reward_fn_for": "arealite.eval.task",
     "held_out_records": "arealite.eval.task",
     # rollout
     "rollout_client": "arealite.rollout.client",  # the client of config.server.backend's servers
     "RemoteSGLangEngine": "arealite.rollout.client",  # AReaL's names of the same client, per backend
     "RemoteVLLMEngine": "arealite.rollout.client",
-    "StepBatches": "arealite.rollout.step_batches",
+    "StepBatches": "arealite.rollout.step_batches",  # each step's batch: sync, async, lockstep, dynamic sampling
     "TeacherClient": "arealite.rollout.teacher",
-    "DynamicSampler": "arealite.rollout.dynamic_sampling",
-    "LockstepRollout": "arealite.rollout.lockstep",
     "RewardPool": "arealite.reward.pool",
     "RLVRWorkflow": "arealite.workflow.rlvr",
     "MultiTurnWorkflow": "arealite.workflow.multi_turn",
@@ -75,7 +72,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run __getattr__
     from arealite.config import GRPOConfig, load_config, save_config
-    from arealite.data.feed import DataFeed
     from arealite.data.loader import create_dataloader, filter_by_prompt_length, load_records, train_dataloader
     from arealite.eval.evaluator import Evaluator
     from arealite.eval.task import held_out_records, reward_fn_for
@@ -91,8 +87,6 @@ if TYPE_CHECKING:  # the same names for type checkers and IDEs, which do not run
     from arealite.reward.pool import RewardPool
     from arealite.rollout.batch import trajectory_from_tokens
     from arealite.rollout.client import RemoteSGLangEngine, RemoteVLLMEngine, rollout_client
-    from arealite.rollout.dynamic_sampling import DynamicSampler
-    from arealite.rollout.lockstep import LockstepRollout
     from arealite.rollout.step_batches import StepBatches
     from arealite.rollout.teacher import TeacherClient
     from arealite.server.process import launch_server_process
