@@ -13,7 +13,7 @@ from arealite.config.fields import check_choices, check_positive, setting
 from arealite.config.generation import GenerationHyperparameters
 from arealite.config.loading import ConfigError
 from arealite.config.reward import JudgeConfig, RewardModelConfig
-from arealite.config.rollout import InferenceEngineConfig, ServerConfig
+from arealite.config.rollout import TRUNCATION_RULE_OF_BACKEND, InferenceEngineConfig, ServerConfig
 from arealite.config.run import LauncherConfig, RecoverConfig, StatsLoggerConfig
 from arealite.config.train import PPOActorConfig, PPOCriticConfig, SFTConfig, TrainEngineConfig
 
@@ -38,9 +38,9 @@ class GRPOConfig:
     weight_update: WeightUpdateMode = setting(
         "disk",
         "how weights reach the servers: disk (an HF folder under run_dir they reload), distributed (trainer rank 0 "
-        "broadcasts buckets over a process group the servers joined; with server.backend=vllm through vLLM's "
-        "weight-transfer routes) or lora (only the actor's LoRA adapter, through /load_lora_adapter; not with "
-        "vLLM); docs/vllm.md §4",
+        "broadcasts buckets over a process group the servers joined, through each backend's own routes) or lora "
+        "(only the actor's LoRA adapter, through /load_lora_adapter); which server.backend takes which: "
+        "docs/backends.md",
     )
     weight_keep_versions: int = setting(
         3, "disk: weight versions kept under <run_dir>/weights (older ones are deleted)"
@@ -125,7 +125,7 @@ class GRPOConfig:
         `gconfig.truncation_rule` from `server.backend`. What a backend cannot honour is refused by
         arealite.backends.check, right after the config loads (docs/backends.md)."""
         gconfig, backend = self.gconfig, self.server.backend
-        rule = "sequential" if backend == "vllm" else "joint"
+        rule = TRUNCATION_RULE_OF_BACKEND.get(backend, "joint")
         if gconfig.truncation_rule is None:
             gconfig.truncation_rule = rule
         elif gconfig.truncation_rule != rule:

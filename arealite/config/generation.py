@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from arealite.algo.truncation import Truncation
 
 GREEDY_TEMPERATURE = 1e-6  # below it, sampling is greedy (SGLang's rule)
-TruncationRule = Literal["joint", "sequential"]  # the built-in server's | vLLM's (arealite/algo/truncation.py)
+TruncationRule = Literal["joint", "sequential"]  # the servers' two rules (arealite/algo/truncation.py)
 
 
 @dataclass
@@ -50,11 +50,11 @@ class GenerationHyperparameters:
     truncation_rule: TruncationRule | None = setting(
         None,
         "how the trainer's logprobs combine top_k / top_p / min_p, which must be the serving backend's: "
-        "joint (the built-in server's: all three tests on softmax(logits / T)) | sequential (vLLM's: min_p, "
-        "then top_k, then top_p on the renormalised remainder); None: server.backend's rule (filled in by "
-        "the experiment config; outside one the trainer replays joint, and a vLLM client refuses it). "
-        "verl, TRL and SkyRL recompute full-vocabulary logprobs against vLLM's truncated ones "
-        "(docs/protocol.md §1.6.1)",
+        "joint (the built-in server's and SGLang's: all three tests on softmax(logits / T)) | sequential (min_p, "
+        "then top_k, then top_p on the renormalised remainder); None: server.backend's rule (docs/backends.md; "
+        "filled in by the experiment config; outside one the trainer replays joint, and a client whose backend "
+        "truncates otherwise refuses it). verl, TRL and SkyRL recompute full-vocabulary logprobs against the "
+        "engine's truncated ones (docs/protocol.md §1.6.1)",
     )
 
     def __post_init__(self) -> None:

@@ -12,6 +12,9 @@ from arealite.config.loading import ConfigError
 PauseMode = Literal["abort", "in_place", "retract"]  # SGLang's /pause_generation modes (0.5.6+)
 Schedule = Literal["interruptible", "lockstep"]
 ServerBackend = Literal["auto", "builtin", "sglang", "vllm"]
+# How each backend's sampler truncates, which the trainer replays (arealite/algo/truncation.py);
+# a backend not named here truncates jointly, as SGLang and the built-in server do
+TRUNCATION_RULE_OF_BACKEND = {"vllm": "sequential"}
 ServerDtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
