@@ -15,9 +15,10 @@ from typing import Any
 
 from arealite.backends.contract import Call, DistributedCalls, GenerateChunk, Get, bucket_spec, group_fields
 from arealite.config import ConfigError, GenerationHyperparameters
+from arealite.config.rollout import TRUNCATION_RULE_OF_BACKEND
 from arealite.types import WeightUpdateMeta
 
-TRUNCATION_RULE = "joint"  # the built-in server tests top_k, top_p and min_p on one distribution
+TRUNCATION_RULE = TRUNCATION_RULE_OF_BACKEND["sglang"]  # the built-in server: all three tests on one distribution
 
 
 def sampling_params(gconfig: GenerationHyperparameters) -> dict[str, Any]:

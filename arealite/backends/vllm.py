@@ -19,6 +19,7 @@ from typing import Any
 
 from arealite.backends.contract import Call, DistributedCalls, GenerateChunk, Get, bucket_spec, group_fields
 from arealite.config import GREEDY_TEMPERATURE, GenerationHyperparameters
+from arealite.config.rollout import TRUNCATION_RULE_OF_BACKEND
 from arealite.types import WeightUpdateMeta
 
 # the reload on arealite's worker extension: vLLM's own `reload_weights` leaves a tied head on a CPU
@@ -29,7 +30,7 @@ WORKER_EXTENSION = "arealite_vllm_worker.ArealiteWorker"  # registered by vllm_e
 TRANSFER_ENGINE = "arealite"  # the weight-transfer engine vllm_ext registers
 MAX_TEMPERATURE = 2.0  # vLLM refuses a higher temperature
 MIN_TEMPERATURE = 0.01  # vLLM 0.32 raises a temperature in (0, 0.01) to this (SamplingParams)
-TRUNCATION_RULE = "sequential"  # min_p, then top_k, then top_p (arealite/algo/truncation.py)
+TRUNCATION_RULE = TRUNCATION_RULE_OF_BACKEND["vllm"]  # min_p, then top_k, then top_p
 _NEG_INF_SENTINEL = -9999.0  # vLLM's JSON for a minus-infinity logprob
 # arealite's pause modes as vLLM's: abort = abort in-flight requests (partial output comes back);
 # in_place = freeze them with their KV cache; retract = freeze them, free their KV (recomputed on resume)

@@ -125,7 +125,7 @@ class GRPOConfig:
         `gconfig.truncation_rule` from `server.backend`. What a backend cannot honour is refused by
         arealite.backends.check, right after the config loads (docs/backends.md)."""
         gconfig, backend = self.gconfig, self.server.backend
-        rule = TRUNCATION_RULE_OF_BACKEND.get(backend, "joint")
+        rule = TRUNCATION_RULE_OF_BACKEND[backend]
         if gconfig.truncation_rule is None:
             gconfig.truncation_rule = rule
         elif gconfig.truncation_rule != rule:

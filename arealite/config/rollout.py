@@ -12,9 +12,10 @@ from arealite.config.loading import ConfigError
 PauseMode = Literal["abort", "in_place", "retract"]  # SGLang's /pause_generation modes (0.5.6+)
 Schedule = Literal["interruptible", "lockstep"]
 ServerBackend = Literal["auto", "builtin", "sglang", "vllm"]
-# How each backend's sampler truncates, which the trainer replays (arealite/algo/truncation.py);
-# a backend not named here truncates jointly, as SGLang and the built-in server do
-TRUNCATION_RULE_OF_BACKEND = {"vllm": "sequential"}
+# How each backend's sampler truncates, which the trainer replays (arealite/algo/truncation.py):
+# joint, all three tests on one distribution (SGLang's protocol); sequential, min_p then top_k then
+# top_p on the renormalised remainder. The backends' adapters read their rule here.
+TRUNCATION_RULE_OF_BACKEND = {"auto": "joint", "builtin": "joint", "sglang": "joint", "vllm": "sequential"}
 ServerDtype = Literal["auto", "float32", "bfloat16", "float16"]
 
 
