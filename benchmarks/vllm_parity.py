@@ -72,40 +72,36 @@ def start_vllm(model_dir: str, max_model_len: int, log_dir: str):
     return proc, address
 
 
-def moved_weights(src: str, dst: str, seed: int) -> str:
-    """An HF copy of `src` with every tensor moved by NOISE of its std (seeded)."""
+def rewritten(src: str, dst: str, change) -> str:
+    """An HF copy of the model at `src` (its tokenizer files too) with `change(param)` applied to
+    every weight in place; a tied head is the embedding's tensor, changed once."""
     import shutil
 
     from transformers import AutoModelForCausalLM
 
+    shutil.copytree(src, dst)
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():  # a tied head is the embedding's tensor: moved once
-            std = float(p.std()) if p.numel() > 1 else 0.0
-            p.add_(torch.randn(p.shape, generator=gen) * NOISE * (std if std > 0 else 1.0))
+        for p in model.parameters():
+            change(p)
     model.save_pretrained(dst)
-    for name in os.listdir(src):
-        if name.startswith("tokenizer") or name.endswith(".jinja") or name in ("generation_config.json", "vocab.json"):
-            shutil.copy(os.path.join(src, name), dst)
     return dst
+
+
+def moved_weights(src: str, dst: str, seed: int) -> str:
+    """An HF copy of `src` with every tensor moved by NOISE of its std (seeded)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def move(p: torch.Tensor) -> None:
+        std = float(p.std()) if p.numel() > 1 else 0.0
+        p.add_(torch.randn(p.shape, generator=gen) * NOISE * (std if std > 0 else 1.0))
+
+    return rewritten(src, dst, move)
 
 
 def bf16_rounded(src: str, dst: str) -> str:
     """An HF copy of `src` with every tensor rounded to bf16 (stored as fp32)."""
-    import shutil
-
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
-    model.save_pretrained(dst)
-    for name in os.listdir(src):
-        if name.startswith("tokenizer") or name.endswith(".jinja") or name in ("generation_config.json", "vocab.json"):
-            shutil.copy(os.path.join(src, name), dst)
-    return dst
+    return rewritten(src, dst, lambda p: p.copy_(p.to(torch.bfloat16).float()))
 
 
 def generate(
@@ -152,18 +148,11 @@ def prefill_logprobs(address: str, rows) -> torch.Tensor:
 
 
 def row_batch(rows) -> dict:
-    T = max(len(p) + len(o) for p, o, _ in rows)
-    B = len(rows)
-    batch = {k: torch.zeros(B, T, dtype=torch.long) for k in ("input_ids", "attention_mask", "loss_mask")}
-    batch["logprobs"] = torch.zeros(B, T)
-    for b, (p, o, lp) in enumerate(rows):
-        n = len(p) + len(o)
-        batch["input_ids"][b, :n] = torch.tensor(p + o)
-        batch["attention_mask"][b, :n] = 1
-        batch["loss_mask"][b, len(p) : n] = 1
-        batch["logprobs"][b, len(p) : n] = torch.tensor(lp)
-    batch["rewards"] = torch.zeros(B)
-    return batch
+    """The answers as a trainer batch (the batch format of every workflow)."""
+    from arealite.rollout.batch import trajectory_from_tokens
+
+    prompts, outputs, logprobs = zip(*rows)
+    return trajectory_from_tokens(prompts, outputs, logprobs, [[0] * len(o) for o in outputs])
 
 
 def banned_logprobs(model_dir: str, rows, stop_ids: list[int]) -> torch.Tensor:
