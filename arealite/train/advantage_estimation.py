@@ -43,10 +43,15 @@ def shaped_rewards(
     r = rewards.float()
     if config.overlong_penalty_stage == "before_shaping":
         r = r + penalty
-    r = ((r + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
+    r = _shaped(r, config)
     if config.overlong_penalty_stage == "after_shaping":
         r = r + penalty
     return r
+
+
+def _shaped(r: torch.Tensor, config: PPOActorConfig) -> torch.Tensor:
+    """`reward_bias`, `reward_scaling` and `reward_clip` applied to rewards of any shape."""
+    return ((r + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
 
 
 def estimate_advantages(
@@ -114,7 +119,7 @@ def estimate_advantages(
 def _turn_level(
     batch: Batch, episode: torch.Tensor, n_episodes: int, config: PPOActorConfig, gconfig: GenerationHyperparameters
 ) -> torch.Tensor:
-    """Per-token turn credit [B, T] (`arealite.algo.turns`), each turn reward shaped as `shaped_rewards`."""
+    """Per-token turn credit [B, T] (`arealite.algo.turns`), each turn's reward shaped as the score is."""
     for key in ("turn_ids", "turn_rewards"):
         if key not in batch:
             raise KeyError(
@@ -123,8 +128,7 @@ def _turn_level(
             )
     turn_ids = batch["turn_ids"].to(episode.device)
     rewards, n_turns = episode_turns(turn_ids, batch["turn_rewards"].to(episode.device), episode, n_episodes)
-    shaped = ((rewards + config.reward_bias) * config.reward_scaling).clamp(-config.reward_clip, config.reward_clip)
-    credit = turn_credit(shaped, n_turns, gconfig.group_size, config.adv_estimator, config.gamma)
+    credit = turn_credit(_shaped(rewards, config), n_turns, gconfig.group_size, config.adv_estimator, config.gamma)
     return credit_to_tokens(credit, episode, turn_ids)
 
 
