@@ -139,8 +139,8 @@ def _skip_without_vllm_and_smollm2() -> None:
 
 def _skip_without_vllm() -> None:
     from arealite.backends.vllm_launch import vllm_python
+    from tests.vllm.conftest import _vllm_importable
 
     python = vllm_python()
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    if not os.path.exists(python) or subprocess.run([python, "-c", probe], timeout=60).returncode != 0:
+    if not _vllm_importable(python):
         pytest.skip(f"this benchmark needs vLLM: it is not installed for {python} (README, section vLLM)")
