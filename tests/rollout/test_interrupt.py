@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.reward.math import gsm8k_reward_fn
 from arealite.rollout import RemoteSGLangEngine
-from arealite.server.cli import eos_token_ids
 from arealite.types import ModelRequest, WeightUpdateMeta
+from arealite.utils.stop_ids import eos_token_ids
 from arealite.workflow import RLVRWorkflow
 
 pytestmark = pytest.mark.timeout(240)
