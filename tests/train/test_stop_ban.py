@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from arealite.algo.truncation import Truncation, keep_mask, sequential_keep_mask
 from arealite.train.lm_head import HiddenStates
 from arealite.train.logprobs import packed_logprobs_and_entropy
-from tests.tolerance import assert_close
+from tests.tolerance import assert_close, magnitude, tolerance
 
 N, H, V = 41, 16, 50
 STOP_IDS = [3, 11]
@@ -108,3 +108,19 @@ def test_a_ban_that_is_not_the_servers_is_refused():
     ids[9] = STOP_IDS[1]  # a banned token that is itself a stop id: no server samples it under the ban
     with pytest.raises(ValueError, match="stop_banned"):
         packed_logprobs_and_entropy(logits, ids, CU, 1.0, None, stop_banned=banned, stop_ids=STOP_IDS)
+
+
+def test_the_actor_loss_takes_the_banned_distribution():
+    """`actor_loss` (the update's forward) reads `stop_banned` too: with behaviour logprobs from
+    the banned distribution, the train-inference mismatch it reports is rounding, not the ban."""
+    from arealite.config import PPOActorConfig
+    from arealite.train.actor import actor_loss
+
+    weight, hidden, ids, banned = _inputs()
+    logits = F.linear(hidden, weight)
+    behav = _reference(logits, ids, banned, 0.7, None)[0]
+    loss_mask = torch.ones(N, dtype=torch.int32).index_fill(0, CU[:-1], 0)
+    mb = {"input_ids": ids, "cu_seqlens": CU, "loss_mask": loss_mask, "logprobs": behav, "stop_banned": banned}
+    mb["advantages"] = torch.ones(N)
+    _, stats = actor_loss(logits, mb, PPOActorConfig(path="x"), 0.7, None, STOP_IDS)
+    assert float(stats["logprob_mismatch_max"]) <= tolerance(torch.float32, V) * magnitude(behav)
