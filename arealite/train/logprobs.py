@@ -5,7 +5,9 @@ the logits at position `t - 1` divided by the sampling temperature — the same 
 servers return. With a `truncation` (`gconfig.logprob_truncation`: top-k / top-p / min-p with
 `gconfig.truncated_logprobs`), p is the truncated, renormalised distribution the tokens were
 sampled from (arealite/algo/truncation.py), which the built-in server reports for
-`processed_logprobs` requests. The first token of every sequence has no prediction and gets 0.
+`processed_logprobs` requests; at the tokens a batch marks `stop_banned` (`gconfig.min_new_tokens`),
+p is without `stop_ids`, as on the servers (`StopBan`, docs/protocol.md §1.6.1). The first token
+of every sequence has no prediction and gets 0.
 
 Without a truncation the log-probs (and, beside them, the entropy statistic) come from one
 fused autograd function whose backward writes the logits' gradient in a single buffer; the
@@ -13,14 +15,6 @@ same formula through autograd's generic ops costs about twice the time over the 
 Every function here that takes `logits` also takes a `HiddenStates` (arealite/train/lm_head.py):
 then the same per-row computation runs on blocks of logits made from the hidden states, and
 the [N, V] logits never exist.
-
-`gconfig.min_new_tokens` replayed: a server samples the first `min_new_tokens` answer tokens of
-each generation from the distribution without its stop tokens (EOS and `gconfig.stop_token_ids`)
-and reports that distribution's logprobs. A batch marks those tokens (`stop_banned`, built by the
-workflows from `ModelResponse.output_stop_banned`), and with `stop_ids` (`arealite.utils.stop_ids`)
-the rows that predict them get the stop ids' logits removed before temperature and truncation, the
-servers' order (`StopBan`): log-probs, entropy and gradients are those of the banned distribution.
-A batch without banned tokens costs nothing more.
 """
 
 from __future__ import annotations
