@@ -25,8 +25,10 @@ batch) and the trainer replays the ban (arealite/train/logprobs.py). Each row pr
 p99 and max of |trainer - vLLM| over every answer token at that length (the trainer as a run
 computes it: `PPOActor.compute_logp` on the batch the client's answers make), the same against a
 plain fp32 transformers forward with the tokenizer's EOS logit at -inf (the ban by hand, a
-cross-check of the trainer's replay), and the max against vLLM's own prefill of the same tokens
-(prompt logprobs: no decode steps, no ban).
+cross-check of the trainer's replay); the stage lines also print the trainer without the ban
+(the batch without `stop_banned`: the gap a trainer ignoring it shows) against vLLM, and its max
+against vLLM's own prefill of the same tokens (prompt logprobs: no decode steps, no ban on
+either side).
 
 Models: `tiny`, the vLLM tests' model (tests/vllm/conftest.py: tiny random Qwen2, head size 64,
 tied head, 1,024 positions), built on the spot; `smollm2`, SmolLM2-135M-Instruct in fp32 (the
@@ -179,8 +181,9 @@ def stats(d: torch.Tensor) -> tuple[float, float, float]:
 
 
 def measure(actor, engine, address, prompts, lengths, seed, trainer_dir, stop_ids) -> dict:
-    """{length: {"gap": |trainer - vLLM|, "prefill": |trainer - vLLM's prefill of the same
-    tokens|, "banned": |vLLM - a forward with the stop tokens banned by hand|}} per answer token."""
+    """{length: {"gap": |trainer - vLLM|, "prefill": |trainer without the ban - vLLM's prefill of the same
+    tokens|, "banned": |vLLM - a forward with the stop tokens banned by hand|, "unreplayed": |trainer
+    without the ban - vLLM|}} per answer token."""
     out = {}
     for length in lengths:
         rows = generate(engine, prompts, length, seed)
@@ -188,8 +191,10 @@ def measure(actor, engine, address, prompts, lengths, seed, trainer_dir, stop_id
         mask = batch["loss_mask"].bool()
         served = batch["logprobs"][mask].double()
         trainer = actor.compute_logp(batch)[mask].double()
-        res = {"gap": (trainer - served).abs(), "prefill": (trainer - prefill_logprobs(address, rows).double()).abs()}
+        unbanned = actor.compute_logp({k: v for k, v in batch.items() if k != "stop_banned"})[mask].double()
+        res = {"gap": (trainer - served).abs(), "prefill": (unbanned - prefill_logprobs(address, rows).double()).abs()}
         res["banned"] = (served - banned_logprobs(trainer_dir, rows, stop_ids)).abs()
+        res["unreplayed"] = (unbanned - served).abs()  # what a trainer ignoring the ban would see
         out[length] = res
     return out
 
@@ -236,10 +241,12 @@ def run_model(name: str, model_dir: str, prompts, lengths, max_model_len: int, w
                 for length in lengths:
                     med, p99, mx = stats(results[stage][length]["gap"])
                     pre = stats(results[stage][length]["prefill"])[2]
+                    off = stats(results[stage][length]["unreplayed"])
                     ban = stats(results[stage][length]["banned"])
                     print(
                         f"  {stage:>16} L={length:<5} |trainer-vLLM| median {med:.1e} p99 {p99:.1e} max {mx:.1e}"
-                        f"; max against vLLM's prefill {pre:.1e}; stop ban by hand: median {ban[0]:.1e} "
+                        f"; without the replay: median {off[0]:.1e} max {off[2]:.1e}; unbanned against vLLM's "
+                        f"prefill: max {pre:.1e}; stop ban by hand: median {ban[0]:.1e} "
                         f"p99 {ban[1]:.1e} max {ban[2]:.1e} ({time.monotonic() - t:.0f} s)",
                         flush=True,
                     )
