@@ -30,7 +30,6 @@ import pytest
 
 from arealite.backends.vllm_launch import vllm_python
 from arealite.launcher.process import with_package_path
-from tests.launcher.conftest import pid_alive
 from tests.vllm.conftest import INSTALL_HINT, LOGPROB_BOUND_LONG, _vllm_importable, build_vllm_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,24 +55,37 @@ def _servers(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip() and json.loads(line)["name"] == "server-0"]
 
 
-def _wait_for(proc: subprocess.Popen, predicate, timeout: float, what: str) -> None:
+def _wait_for(proc: subprocess.Popen, predicate, timeout: float, what: str, err_path: Path) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
-        if proc.poll() is not None:
-            pytest.fail(f"the launcher exited ({proc.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        if proc.poll() is not None or time.monotonic() > deadline:
+            how = f"exited ({proc.returncode})" if proc.poll() is not None else f"still ran after {timeout:.0f} s"
+            pytest.fail(f"the launcher {how} while the test waited for {what}:\n{err_path.read_text()[-3000:]}")
         time.sleep(0.05)
 
 
-def _kill_mid_batch(proc: subprocess.Popen, run_dir: Path) -> tuple[int, float]:
+def _group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`: a launcher's server and its helpers."""
+    members = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def _kill_mid_batch(proc: subprocess.Popen, run_dir: Path, err_path: Path) -> tuple[int, float]:
     """SIGKILL server-0 (its API server and the engine below it) while it generates the second
     step's answers; returns its pid and the requests it was running."""
     log = run_dir / "logs" / "trainer.log"
     synced = lambda: log.exists() and "[weight-sync] version 1 confirmed" in log.read_text()  # noqa: E731
-    _wait_for(proc, synced, 600, "the first weight sync")
+    _wait_for(proc, synced, 600, "the first weight sync", err_path)
     server = _servers(run_dir)[0]
-    _wait_for(proc, lambda: _running_requests(server["addr"]) > 0, 120, "the second batch's answers on vLLM")
+    _wait_for(proc, lambda: _running_requests(server["addr"]) > 0, 120, "the second batch's answers on vLLM", err_path)
     tree = [server["pid"], *(p.pid for p in psutil.Process(server["pid"]).children(recursive=True))]
     for pid in tree[1:]:  # the engine stops generating: nothing in flight can finish before the kill
         os.kill(pid, signal.SIGSTOP)
@@ -95,19 +107,23 @@ def test_killed_vllm_server_is_restarted_resynced_and_every_prompt_trained_once(
         f"total_train_steps={STEPS}", f"train_dataset.batch_size={PROMPTS}", "train_dataset.num_samples=16",
         f"gconfig.group_size={GROUP}", f"gconfig.max_new_tokens={MAX_NEW_TOKENS}", "rollout.dynamic_sampling=false",
         "reward_fn=tests.e2e.varied_reward:even_token_fraction", f"rollout.dump_dir={tmp_path / 'dump'}",
+        "rollout.health_check_interval=1",
         "evaluator.freq_steps=0", "recover.mode=disabled", "stats_logger.plot=false",
         "stats_logger.progress_bar=false",
     ]  # fmt: skip
     env = dict(with_package_path(None), OMP_NUM_THREADS="1")
     run_dir = tmp_path / "vllm_fault" / "t"
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_path = tmp_path / "launcher.err"  # a file, not a pipe: nothing reads it while the test waits
+    with open(err_path, "w") as err_file:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err_file)
     try:
-        killed_pid, running = _kill_mid_batch(proc, run_dir)
-        out, err = proc.communicate(timeout=600)
+        killed_pid, running = _kill_mid_batch(proc, run_dir, err_path)
+        proc.wait(timeout=600)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            proc.communicate(timeout=60)
+            proc.wait(timeout=60)
+    err = err_path.read_text()
     log = (run_dir / "logs" / "trainer.log").read_text()
     assert proc.returncode == 0, f"{err[-3000:]}\n--- trainer.log ---\n{log[-3000:]}"
     print(f"requests running at the kill: {running}")
@@ -115,7 +131,8 @@ def test_killed_vllm_server_is_restarted_resynced_and_every_prompt_trained_once(
     assert "restarting on the same address (1 of 1)" in err, err[-3000:]
     servers = _servers(run_dir)
     assert len(servers) == 2 and servers[1]["addr"] == servers[0]["addr"] and servers[1]["pid"] != killed_pid
-    assert not pid_alive(servers[1]["pid"]), "the restarted server outlived the launcher"
+    for server in servers:  # each server leads its process group (vLLM's engine core in it): nothing is left
+        assert not _group_members(server["pid"]), f"processes of {server} outlived the launcher"
 
     rows = [json.loads(line) for line in (run_dir / "stats.jsonl").read_text().splitlines() if line.strip()]
     print(f"logprob_mismatch_max per step: {[r['logprob_mismatch_max'] for r in rows]}")
