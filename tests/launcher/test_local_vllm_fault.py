@@ -9,11 +9,13 @@ batch goes out; the test waits until vLLM reports requests running, freezes its 
 answer can finish between the look and the kill), and SIGKILLs the server's processes. The
 answers in flight never come back (vLLM replies once, whole); the client re-generates them on
 the restarted server, which must first load version 1 (a restart comes up on the initial
-weights): the step's behaviour logprobs must equal the trainer's within the vLLM bounds.
+weights): the step's behaviour logprobs must equal the trainer's within the vLLM bounds. That the
+resync's calls all come before the server is back in rotation: tests/rollout/test_parts.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -88,10 +90,12 @@ def _kill_mid_batch(proc: subprocess.Popen, run_dir: Path, err_path: Path) -> tu
     _wait_for(proc, lambda: _running_requests(server["addr"]) > 0, 120, "the second batch's answers on vLLM", err_path)
     tree = [server["pid"], *(p.pid for p in psutil.Process(server["pid"]).children(recursive=True))]
     for pid in tree[1:]:  # the engine stops generating: nothing in flight can finish before the kill
-        os.kill(pid, signal.SIGSTOP)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
     running = _running_requests(server["addr"])
     for pid in tree:
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     return server["pid"], running
 
 
