@@ -26,8 +26,8 @@ from transformers import AutoTokenizer
 from arealite import (
     GRPOConfig,
     PPOActor,
-    RemoteSGLangEngine,
     RewardPool,
+    RolloutRunner,
     StatsLogger,
     StatsTracker,
     StepBatches,
@@ -40,6 +40,7 @@ from arealite import (
     load_config,
     load_records,
     reward_fn_for,
+    rollout_client,
     save_config,
 )  # fmt: skip
 from arealite.agent import AgentProgramWorkflow
@@ -58,7 +59,7 @@ class AgentGRPOConfig(GRPOConfig):
     )
 
 
-def accuracy(rollout: RemoteSGLangEngine, workflow: AgentProgramWorkflow, records: list[dict]) -> float:
+def accuracy(rollout: RolloutRunner, workflow: AgentProgramWorkflow, records: list[dict]) -> float:
     """Mean reward over this rank's `records` (a failed program counts as 0), over all ranks; collective."""
     rewards, rejected = torch.zeros(0), workflow.stats["rejected_groups"]
     if records:
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> None:
 
     with (
         RewardPool(max_workers=2) as reward_pool,
-        RemoteSGLangEngine(config.rollout) as rollout,
+        rollout_client(config) as rollout,  # server.backend's protocol
         PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
         WeightSync.from_config(config, actor, rollout) as weight_sync,
     ):

@@ -31,8 +31,8 @@ from transformers import AutoTokenizer
 from arealite import (
     GRPOConfig,
     PPOActor,
-    RemoteSGLangEngine,
     RewardPool,
+    RolloutRunner,
     StatsLogger,
     StatsTracker,
     StepBatches,
@@ -46,6 +46,7 @@ from arealite import (
     load_config,
     load_records,
     reward_fn_for,
+    rollout_client,
     save_config,
 )  # fmt: skip
 from arealite.config import ConfigError, ToolUseConfig, setting
@@ -62,7 +63,7 @@ class ToolsGRPOConfig(GRPOConfig):
     tool_use: ToolUseConfig = setting(factory=ToolUseConfig, help="the tools the model may call, and its turns")
 
 
-def accuracy(rollout: RemoteSGLangEngine, workflow: ToolUseWorkflow, records: list[dict]) -> float:
+def accuracy(rollout: RolloutRunner, workflow: ToolUseWorkflow, records: list[dict]) -> float:
     """Mean reward of `workflow` over this rank's `records`, over all ranks; collective."""
     rewards = rollout.rollout_batch(records, workflow)["rewards"] if records else torch.zeros(0)
     totals = all_reduce(torch.tensor([rewards.sum().item(), rewards.numel()], dtype=torch.float64))
@@ -124,7 +125,7 @@ def main(argv: list[str]) -> None:
 
     with (
         RewardPool(max_workers=2) as reward_pool,
-        RemoteSGLangEngine(config.rollout) as rollout,
+        rollout_client(config) as rollout,  # server.backend's protocol
         PPOActor(config.actor, config.gconfig, config.total_train_steps) as actor,
         WeightSync.from_config(config, actor, rollout) as weight_sync,
     ):

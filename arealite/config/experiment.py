@@ -83,6 +83,7 @@ class GRPOConfig:
         self._check_lora()
         self._check_ppo_models()
         self._check_truncation_rule()
+        self._check_restart_wait()
         check_positive("", "weight_keep_versions", self.weight_keep_versions)
         check_positive("", "dist_timeout", self.dist_timeout)
         chosen = [
@@ -119,6 +120,23 @@ class GRPOConfig:
             )
         if self.critic is not None and self.critic.optimizer is None:
             raise ConfigError("critic.optimizer is null; a critic is trained, give it an optimizer section")
+
+    def _check_restart_wait(self) -> None:
+        """A server the launcher restarts may answer /health only after `launcher.server_start_timeout`
+        (vLLM's start takes minutes on a CPU), then waits up to `rollout.health_check_interval` for the
+        client's probe and its resync; with every server down, the client's calls wait for it only
+        `rollout.setup_timeout` (arealite/rollout/failover.py). Shorter, the run stops while the
+        launcher still waits for the server it restarted."""
+        launcher, rollout = self.launcher, self.rollout
+        needed = launcher.server_start_timeout + rollout.health_check_interval
+        if launcher.max_server_restarts > 0 and rollout.setup_timeout < needed:
+            raise ConfigError(
+                f"rollout.setup_timeout={rollout.setup_timeout:g} is shorter than a restarted server may take to "
+                f"come back (launcher.server_start_timeout={launcher.server_start_timeout:g} + "
+                f"rollout.health_check_interval={rollout.health_check_interval:g}), with "
+                f"launcher.max_server_restarts={launcher.max_server_restarts}: the client would give up while the "
+                f"launcher still waits; raise rollout.setup_timeout above {needed:g} (room for the resync)"
+            )
 
     def _check_truncation_rule(self) -> None:
         """The trainer replays the serving backend's truncation (docs/protocol.md §1.6.1): fill

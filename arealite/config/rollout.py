@@ -31,7 +31,11 @@ class InferenceEngineConfig:
     )
     request_timeout: float = setting(3600.0, "seconds for one /generate call (includes pause windows)")
     request_retries: int = setting(3, "attempts on connection errors and 5xx, with backoff")
-    setup_timeout: float = setting(120.0, "seconds to wait for servers to become healthy")
+    setup_timeout: float = setting(
+        300.0,
+        "seconds to wait for servers to become healthy: at start, and for one to come back while all are down "
+        "(a launcher's restart: at least launcher.server_start_timeout, with a resync, after it)",
+    )
     health_check_interval: float = setting(5.0, "seconds between probes of servers out of rotation")
     pause_grace_period: float = setting(0.0, "seconds to sleep after pausing before a weight upload")
     health_check_timeout: float = setting(5.0, "seconds one /health probe may take before the server counts as down")

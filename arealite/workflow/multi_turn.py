@@ -29,6 +29,7 @@ from arealite.rollout.batch import trajectory_from_tokens
 from arealite.types import ModelRequest
 from arealite.workflow.prompt import encode_messages
 from arealite.workflow.scoring import Scorer
+from arealite.workflow.seeding import seeded_gconfig
 from arealite.workflow.truncation import is_truncated, stop_token_ids
 
 _PLACEHOLDER = "\ue000"  # a private-use character standing for the model's answer in the template
@@ -95,8 +96,12 @@ class MultiTurnWorkflow(RolloutWorkflow):
     async def arun_episode(self, engine: GenerationEngine, data: dict[str, Any]) -> Trajectory | None:
         messages = data.get("messages") or [{"role": "user", "content": data["prompt"]}]
         group_id = uuid.uuid4().hex
+        version = engine.get_version() if self.gconfig.sampling_seed is not None else 0
         results = await asyncio.gather(
-            *(self._converse(engine, list(messages), data, group_id) for _ in range(self.gconfig.group_size))
+            *(
+                self._converse(engine, list(messages), data, group_id, i, version)
+                for i in range(self.gconfig.group_size)
+            )
         )
         self.stats["episodes"] += 1
         if any(r is None for r in results):
@@ -119,12 +124,20 @@ class MultiTurnWorkflow(RolloutWorkflow):
         return traj
 
     async def _converse(
-        self, engine: GenerationEngine, messages: list[dict[str, str]], data: dict[str, Any], group_id: str
+        self,
+        engine: GenerationEngine,
+        messages: list[dict[str, str]],
+        data: dict[str, Any],
+        group_id: str,
+        index: int,
+        version: int,
     ) -> tuple[_Conversation, float] | None:
         conv = _Conversation(prompt_ids=encode_messages(self.tokenizer, messages))
         for turn in range(self.max_turns):
             context = conv.prompt_ids + conv.tokens
-            resp = await engine.agenerate(ModelRequest(input_ids=context, gconfig=self.gconfig, group_id=group_id))
+            # with gconfig.sampling_seed set, each answer of each sample gets a seed of its own (as ToolUseWorkflow)
+            gconfig = seeded_gconfig(self.gconfig, data, conv.prompt_ids, index * self.max_turns + turn, version)
+            resp = await engine.agenerate(ModelRequest(input_ids=context, gconfig=gconfig, group_id=group_id))
             conv.add(resp.output_tokens, resp.output_logprobs, resp.output_versions, resp.output_stop_banned)
             conv.turns = turn + 1
             conv.truncated = is_truncated(resp, self.stop_ids)

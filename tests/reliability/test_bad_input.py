@@ -45,6 +45,20 @@ def test_bad_config_is_named(argv, expected):
     assert expected in str(info.value)
 
 
+def test_a_client_wait_shorter_than_a_server_restart_is_refused():
+    """With restarts, the client's wait for a server back in rotation (rollout.setup_timeout) must
+    outlast the launcher's wait for the restarted server's start; the defaults leave that room."""
+    config = load_config(["launcher.max_server_restarts=1"], GRPOConfig)
+    launcher, rollout = config.launcher, config.rollout
+    assert rollout.setup_timeout > launcher.server_start_timeout + rollout.health_check_interval
+    with pytest.raises(ConfigError) as info:
+        load_config(["launcher.max_server_restarts=1", "launcher.server_start_timeout=600"], GRPOConfig)
+    message = str(info.value)
+    assert "rollout.setup_timeout=300 is shorter" in message and "launcher.server_start_timeout=600" in message
+    assert "raise rollout.setup_timeout above 605" in message, message
+    load_config(["launcher.server_start_timeout=600"], GRPOConfig)  # no restarts: nothing waits for one
+
+
 def test_typo_and_wrong_type_in_a_yaml_file_are_named(tmp_path):
     typo = tmp_path / "typo.yaml"
     typo.write_text("gconfig:\n  max_new_token: 8\n")

@@ -103,6 +103,31 @@ def test_a_vllm_server_out_of_rotation_is_paused_around_the_broadcast():
     assert after == [("/finish_weight_update", {"weight_version": "2"}), ("/resume", None)]
 
 
+@pytest.mark.parametrize("protocol", [None, VLLMProtocol()], ids=["sglang", "vllm"])
+def test_a_rejoining_server_is_resynced_before_it_is_back_in_rotation(protocol):
+    """A restarted server comes back on its initial weights: every call of its resync to the newest
+    disk version reaches it while it is still out of rotation, so no request can get there first
+    (tests/launcher/test_local_vllm_fault.py shows the resync end to end; its timing cannot show the order)."""
+    transport, pool, _, _, weights, _ = _parts(server_protocol=protocol)
+    pool.mark_down(B)
+    _run(weights.aupdate(WeightUpdateMeta(type="disk", path="/w/v3", version=3)))
+    transport.calls.clear()
+    in_rotation_at_call = []
+    plain = transport.request
+
+    async def request(method, address, path, *args, **kwargs):
+        in_rotation_at_call.append((path, pool.is_healthy(address)))
+        return await plain(method, address, path, *args, **kwargs)
+
+    transport.request = request
+    assert _run(weights.arejoin(B)) and pool.is_healthy(B)
+    reload = "/collective_rpc" if protocol else "/update_weights_from_disk"
+    resync = [c for c in transport.calls if c.path in (reload, "/update_weight_version")]
+    assert resync and all(c.address == B for c in resync), transport.calls
+    assert "/w/v3" in str(resync[0].body) and "3" in str(resync[-1].body)
+    assert not [path for path, healthy in in_rotation_at_call if healthy], in_rotation_at_call
+
+
 def test_a_server_that_dies_during_an_update_leaves_the_rotation():
     """A transport error plus a failed liveness check: out of rotation, the update goes on."""
     dead = TransientServerError("connection refused", B)

@@ -15,6 +15,8 @@ Sampling is seeded; no timing is asserted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -72,10 +74,17 @@ def rollout_episodes(model, prompts: torch.Tensor, g: torch.Generator, parity: i
 
 
 def run(
-    model_dir: str, estimator: str = "turn_loo", steps: int = STEPS, seed: int = 5, lr: float = 0.01, parity: int = 0
+    model_dir: str,
+    estimator: str = "turn_loo",
+    steps: int = STEPS,
+    seed: int = 5,
+    lr: float = 0.01,
+    parity: int = 0,
+    after_step: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> tuple[list[float], torch.nn.Module]:
     """Mean episode return of each step's batch, training with `estimator` (a `sequence` run is
-    credited the episode's return); and the sampler, holding the trained weights."""
+    credited the episode's return); and the sampler, holding the trained weights. `after_step(k,
+    sampler)` runs after step k's weights reach the sampler (benchmarks/turn_credit.py evaluates)."""
     cfg = PPOActorConfig(path=model_dir, dtype="float32", mb_spec=MicroBatchSpec(n_mbs=1), adv_estimator=estimator,
                          optimizer=OptimizerConfig(lr=lr))  # fmt: skip
     actor = PPOActor(cfg, GenerationHyperparameters(group_size=GROUP), total_train_steps=steps).initialize()
@@ -91,6 +100,8 @@ def run(
             actor.ppo_update(batch)
             assert not sampler.load_state_dict(dict(actor.export_weights()), strict=False).unexpected_keys
             returns.append(float(batch["rewards"].mean()))
+            if after_step is not None:
+                after_step(len(returns), sampler)
     finally:
         actor.destroy()
     return returns, sampler

@@ -1,12 +1,13 @@
 """MultiTurnWorkflow: feedback after wrong answers, discounted rewards, loss on model tokens only."""
 
 import pytest
+import torch
 
 from arealite.config import GenerationHyperparameters
 from arealite.reward.math import gsm8k_reward_fn
 from arealite.workflow import MultiTurnWorkflow
 
-from .rewards import wrong_until_feedback
+from .rewards import completion_length, wrong_until_feedback
 
 pytestmark = pytest.mark.timeout(180)
 FEEDBACK = "Wrong, try once more."
@@ -77,3 +78,16 @@ def test_bad_settings(tokenizer):
         MultiTurnWorkflow(gsm8k_reward_fn, GenerationHyperparameters(), tokenizer, max_turns=0)
     with pytest.raises(ValueError, match="turn_discount=1.5"):
         MultiTurnWorkflow(gsm8k_reward_fn, GenerationHyperparameters(), tokenizer, turn_discount=1.5)
+
+
+def test_a_seeded_group_gives_each_answer_its_own_seed(server_engine, tokenizer):
+    """With gconfig.sampling_seed set (a config's `seed` sets it), the samples of a group differ, and
+    the same record at the same version draws the same answers again; one seed for the whole group
+    would make every sample the same conversation and every advantage 0."""
+    gconfig = GenerationHyperparameters(group_size=4, max_new_tokens=8, sampling_seed=3)
+    workflow = MultiTurnWorkflow(completion_length, gconfig, tokenizer, max_turns=1)
+    record = {"id": "q", "prompt": "What is 3 + 4?"}
+    first, again = (server_engine.rollout_batch([record], workflow) for _ in range(2))
+    answers = [tuple(row[mask.bool()].tolist()) for row, mask in zip(first["input_ids"], first["loss_mask"])]
+    assert len(set(answers)) > 1, f"every sample of the group drew the same answer: {answers[0]}"
+    assert torch.equal(first["input_ids"], again["input_ids"])
