@@ -85,7 +85,7 @@ class PPOActor(FSDPEngine):
     def stop_ids(self, batch: Batch) -> list[int]:
         """The stop ids `gconfig.min_new_tokens` banned while the tokens `batch["stop_banned"]` marks
         were sampled (the model's EOS and `gconfig.stop_token_ids`, arealite/utils/stop_ids.py); []
-        when it marks none."""
+        for a batch without `stop_banned`."""
         return batch_stop_ids(batch, self.config.path, self.gconfig.stop_token_ids)
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:

@@ -54,8 +54,6 @@ def banned_stop_ids(model_path: str, stop_token_ids: list[int]) -> list[int]:
 
 
 def batch_stop_ids(batch: dict, model_path: str, stop_token_ids: list[int]) -> list[int]:
-    """`banned_stop_ids` when `batch["stop_banned"]` marks any token, else [] (nothing to read)."""
-    banned = batch.get("stop_banned")
-    if banned is None or not bool(banned.any()):
-        return []
-    return banned_stop_ids(model_path, stop_token_ids)
+    """`banned_stop_ids` when the batch has `stop_banned` (whatever this rank's rows mark: the update may
+    move rows between ranks), else [] (nothing to read)."""
+    return banned_stop_ids(model_path, stop_token_ids) if "stop_banned" in batch else []
