@@ -24,13 +24,16 @@ class ModelRequest:
 class ModelResponse:
     """The outcome of a request, after any abort/resubmit cycles.
 
-    `output_versions[i]` is the weight version that produced `output_tokens[i]`.
+    `output_versions[i]` is the weight version that produced `output_tokens[i]`;
+    `output_stop_banned[i]` whether it was sampled with the stop tokens banned
+    (`gconfig.min_new_tokens`: the first that many tokens of the request, over all its segments).
     """
 
     input_tokens: list[int]
     output_tokens: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     output_versions: list[int] = field(default_factory=list)
+    output_stop_banned: list[bool] = field(default_factory=list)
     stop_reason: str = "length"  # stop | length | abort
     latency: float = 0.0
     server: str = ""

@@ -245,6 +245,7 @@ class ChatClient:
             output_ids=list(resp.output_tokens),
             logprobs=list(resp.output_logprobs),
             versions=list(resp.output_versions),
+            stop_banned=list(resp.output_stop_banned) if self.gconfig.min_new_tokens else None,
             stop_reason=resp.stop_reason,
             message=template_message(message),
             parent=parent,

@@ -41,6 +41,8 @@ class CompletionRecord:
     stop_reason: str  # stop | length
     message: dict[str, Any]  # the assistant message returned, in template form
     parent: CompletionRecord | None = None  # the completion whose tokens `prompt_ids` extends
+    # [len(output_ids)]: sampled under gconfig.min_new_tokens's stop ban; None: asked without one
+    stop_banned: list[bool] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def chain(self) -> list[CompletionRecord]:
@@ -63,8 +65,9 @@ def conversation_tokens(last: CompletionRecord) -> tuple[list[int], list[int], l
 
 def _chain_tokens(
     last: CompletionRecord, trained: set[int] | None, turn_of: dict[int, int]
-) -> tuple[list[int], list[int], list[float], list[int], list[int], list[int]]:
-    """`conversation_tokens` plus each output token's turn (`turn_of[id(completion)]`, -1 elsewhere).
+) -> tuple[list[int], list[int], list[float], list[int], list[int], list[int], list[bool]]:
+    """`conversation_tokens` plus each output token's turn (`turn_of[id(completion)]`, -1 elsewhere)
+    and whether it was sampled under min_new_tokens's stop ban (`CompletionRecord.stop_banned`).
     A completion already in `trained` (trained in another row) gets loss mask 0 and turn -1 here;
     the ones trained here are added to it."""
     chain = last.chain()
@@ -74,6 +77,7 @@ def _chain_tokens(
     vers: list[int] = []
     mask: list[int] = []
     turns: list[int] = []
+    banned: list[bool] = []
     for c in chain:
         seen = prompt + out
         if c.prompt_ids[: len(seen)] != seen:
@@ -91,13 +95,22 @@ def _chain_tokens(
         vers += [-1] * len(inserted) + list(c.versions)
         mask += [0] * len(inserted) + [int(own)] * n
         turns += [-1] * len(inserted) + [turn_of.get(id(c), -1) if own else -1] * n
-    return prompt, out, logp, vers, mask, turns
+        banned += [False] * len(inserted) + (list(c.stop_banned) if c.stop_banned is not None else [False] * n)
+    return prompt, out, logp, vers, mask, turns, banned
+
+
+def _banned_rows(records: list[CompletionRecord], rows: list[list[bool]]) -> list[list[bool]] | None:
+    """The rows' stop_banned flags when any completion was asked with min_new_tokens, else None (no key)."""
+    return rows if any(c.stop_banned is not None for c in records) else None
 
 
 def conversation_trajectory(last: CompletionRecord, reward: float) -> dict[str, torch.Tensor]:
     """The trajectory (one row, `[1, T]` tensors plus `rewards` `[1]`) of the conversation ending at `last`."""
-    prompt, out, logp, vers, mask = conversation_tokens(last)
-    traj = trajectory_from_tokens([prompt], [out], [logp], [vers], output_loss_mask=[mask])
+    prompt, out, logp, vers, mask, _, banned = _chain_tokens(last, None, {})
+    traj = trajectory_from_tokens(
+        [prompt], [out], [logp], [vers], output_loss_mask=[mask],
+        output_stop_banned=_banned_rows(last.chain(), [banned]),
+    )  # fmt: skip
     traj["rewards"] = torch.tensor([float(reward)], dtype=torch.float32)  # [1]
     return traj
 
@@ -124,14 +137,14 @@ def episode_trajectory(
     trained: set[int] = set()
     rows = []
     for leaf in leaves:
-        prompt, out, logp, vers, mask, turns = _chain_tokens(leaf, trained, turn_of)
+        prompt, out, logp, vers, mask, turns, banned = _chain_tokens(leaf, trained, turn_of)
         here = {k for k in turns if k >= 0}
-        rows.append((prompt, out, logp, vers, mask, turns, {k: per_turn[k] for k in here}))
+        rows.append((prompt, out, logp, vers, mask, turns, {k: per_turn[k] for k in here}, banned))
     _assign_orphans(rows, per_turn)
     traj = trajectory_from_tokens(
         [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
         output_loss_mask=[r[4] for r in rows], output_turn_ids=[r[5] for r in rows],
-        turn_rewards=[r[6] for r in rows],
+        turn_rewards=[r[6] for r in rows], output_stop_banned=_banned_rows(completions, [r[7] for r in rows]),
     )  # fmt: skip
     traj["chain"] = torch.arange(len(rows), dtype=torch.long)
     traj["rewards"] = torch.full((len(rows),), sum(per_turn), dtype=torch.float32)

@@ -24,8 +24,8 @@ class GenerationHyperparameters:
     max_new_tokens: int = setting(64, "budget of generated tokens per sample; also the budget of the overlong penalty")
     min_new_tokens: int = setting(
         0,
-        "EOS/stop is suppressed until this many tokens are out; the trainer does not replay the suppression, so "
-        "those tokens' behaviour logprobs differ from its own (docs/protocol.md §1.6.1)",
+        "EOS/stop is suppressed until this many tokens are out (each turn's answer from its own start); the "
+        "trainer replays the suppression on those tokens, marked stop_banned in the batch (docs/protocol.md §1.6.1)",
     )
     temperature: float = setting(1.0, "< 1e-6 means greedy, as in SGLang; the trainer's logprobs use it too")
     top_p: float = setting(1.0, "nucleus sampling: keep the smallest set of tokens with this much probability")

@@ -50,6 +50,7 @@ def trajectory_from_tokens(
     output_loss_mask: Sequence[Sequence[int]] | None = None,
     output_turn_ids: Sequence[Sequence[int]] | None = None,
     turn_rewards: Sequence[Mapping[int, float]] | None = None,
+    output_stop_banned: Sequence[Sequence[bool]] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Build `input_ids, attention_mask, loss_mask, logprobs, versions` `[B, T]` from per-sample
     prompt and output token lists. `output_loss_mask` (default all ones) lets a workflow mark
@@ -61,7 +62,11 @@ def trajectory_from_tokens(
     `turn_rewards` [B, T]: `turn_rewards[b][k]` on the last token of turn k in row b
     (`arealite.algo.turns`); a turn with no token in the row adds its reward to the nearest
     earlier turn's last token there (else the first later one), so every reward reaches the
-    turns before it."""
+    turns before it.
+
+    With `output_stop_banned` (`ModelResponse.output_stop_banned`: sampled while
+    `gconfig.min_new_tokens` banned the stop tokens) also `stop_banned` [B, T] bool, False off
+    the loss mask: the tokens whose log-probs the trainer takes without the stop tokens."""
     if not prompt_ids:
         raise ValueError("trajectory_from_tokens needs at least one sample")
     width = max(len(p) + len(o) for p, o in zip(prompt_ids, output_ids))
@@ -78,6 +83,8 @@ def trajectory_from_tokens(
         mask = [1] * n if output_loss_mask is None else [int(x) for x in output_loss_mask[b]]
         if len(mask) != n:
             raise ValueError(f"sample {b}: {n} output tokens but a loss mask of {len(mask)}")
+        if output_stop_banned is not None and len(output_stop_banned[b]) != n:
+            raise ValueError(f"sample {b}: {n} output tokens but {len(output_stop_banned[b])} stop_banned flags")
         p, pad = len(prompt), width - len(prompt) - n
         # logprobs aligned to the token itself; prompt, pad and untrained tokens: logprob 0, version -1
         rows["input_ids"].append([*prompt, *output] + [0] * pad)
@@ -89,7 +96,16 @@ def trajectory_from_tokens(
     out = {key: torch.tensor(value, dtype=dtypes.get(key, torch.long)) for key, value in rows.items()}
     if output_turn_ids is not None:
         out.update(_turn_tensors(prompt_ids, output_turn_ids, turn_rewards or [{}] * len(prompt_ids), width))
+    if output_stop_banned is not None:
+        out["stop_banned"] = _stop_banned(prompt_ids, output_stop_banned, out["loss_mask"])
     return out
+
+
+def _stop_banned(prompt_ids, output_stop_banned, loss_mask: torch.Tensor) -> torch.Tensor:
+    banned = torch.zeros(loss_mask.shape, dtype=torch.bool)
+    for b, (prompt, flags) in enumerate(zip(prompt_ids, output_stop_banned)):
+        banned[b, len(prompt) : len(prompt) + len(flags)] = torch.tensor([bool(f) for f in flags], dtype=torch.bool)
+    return banned & loss_mask.bool()
 
 
 def _turn_tensors(

@@ -91,6 +91,10 @@ class SampleGenerator:
             finally:
                 self._pool.release(address, remaining)
             self._on_progress()
+            # the servers ban the stop tokens while fewer than min_new_tokens are out (the
+            # adapters carry the count over segments): the trainer replays it on these tokens
+            produced = resp.output_len
+            resp.output_stop_banned += [produced + i < req.gconfig.min_new_tokens for i in range(len(chunk.tokens))]
             resp.output_tokens += chunk.tokens
             resp.output_logprobs += chunk.logprobs
             resp.output_versions += token_versions(chunk, sent_version)

@@ -62,7 +62,16 @@ class TeacherClient:
     ) -> None:
         """`backend`: the teacher servers' (server.backend when the launcher serves the teacher; an
         SGLang-protocol server at distill.address otherwise). ValueError, naming the fix, where that
-        backend cannot score under the student's temperature and truncation."""
+        backend cannot score under the student's temperature and truncation, or with
+        `gconfig.min_new_tokens`, whose stop-token ban the student's logprobs carry and the teacher's
+        prompt logprobs cannot."""
+        if gconfig.min_new_tokens > 0:
+            raise ValueError(
+                f"distillation with gconfig.min_new_tokens={gconfig.min_new_tokens}: the student's first answer "
+                "tokens are sampled, and their logprobs taken, without the stop tokens, and a teacher's prompt "
+                "logprobs cannot replay that ban, so the reverse KL would be off by -log(1 - p(stop)) on those "
+                "tokens; set gconfig.min_new_tokens=0"
+            )
         self.server = backends.adapter(backend)
         self.server.prompt_logprobs_call([], gconfig)  # refuses here what it cannot score
         self.config, self.failure, self.gconfig = config, failure, gconfig

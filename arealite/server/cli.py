@@ -17,7 +17,7 @@ import os
 import signal
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer
 
 from arealite.server.limits import RequestLimits
 from arealite.server.lora import AdapterSet
@@ -26,6 +26,7 @@ from arealite.server.prefill_plan import CPU_OVERHEAD_TOKENS, GPU_OVERHEAD_TOKEN
 from arealite.server.scheduler import Scheduler, SchedulerLimits
 from arealite.server.state import ServerState
 from arealite.utils.parent_watch import parent_from_env, watch_parent
+from arealite.utils.stop_ids import eos_token_ids
 
 # SGLang flags accepted for command-line compatibility; they do not change this server.
 IGNORED_VALUE_FLAGS = (
@@ -128,22 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in IGNORED_BOOL_FLAGS:
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     return p
-
-
-def eos_token_ids(model_path: str, tokenizer, config) -> set[int]:
-    """Every EOS id the model declares: config, generation config and tokenizer."""
-    ids: set[int] = set()
-    sources = [getattr(config, "eos_token_id", None), tokenizer.eos_token_id]
-    try:
-        sources.append(GenerationConfig.from_pretrained(model_path).eos_token_id)
-    except OSError:
-        pass
-    for value in sources:
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    return ids
 
 
 def check_args(args: argparse.Namespace) -> None:

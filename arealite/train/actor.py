@@ -21,6 +21,7 @@ correction in `arealite.algo.rollout_correction`; advantages come from
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -44,6 +45,7 @@ from arealite.train.advantage_estimation import estimate_advantages
 from arealite.train.engine import FSDPEngine, load_causal_lm
 from arealite.train.lm_head import HiddenStates, accepts_hidden_states
 from arealite.train.logprobs import batch_token_logprobs, packed_logprobs_and_entropy
+from arealite.utils.stop_ids import batch_stop_ids
 
 
 class PPOActor(FSDPEngine):
@@ -78,7 +80,13 @@ class PPOActor(FSDPEngine):
         0 at t = 0, on padding, and (when the batch has `loss_mask`) outside the loss mask.
         """
         temp = self.gconfig.logprob_temperature if temperature is None else temperature
-        return batch_token_logprobs(self, batch, temp, self.gconfig.logprob_truncation)
+        return batch_token_logprobs(self, batch, temp, self.gconfig.logprob_truncation, self.stop_ids(batch))
+
+    def stop_ids(self, batch: Batch) -> list[int]:
+        """The stop ids `gconfig.min_new_tokens` banned while the tokens `batch["stop_banned"]` marks
+        were sampled (the model's EOS and `gconfig.stop_token_ids`, arealite/utils/stop_ids.py); []
+        for a batch without `stop_banned`."""
+        return batch_stop_ids(batch, self.config.path, self.gconfig.stop_token_ids)
 
     def compute_advantages(self, batch: Batch) -> dict[str, float]:
         """Write `advantages` [B, T] (and `returns` when token-level) into `batch`; returns its stats.
@@ -138,6 +146,7 @@ class PPOActor(FSDPEngine):
                 config=cfg,
                 temperature=self.gconfig.logprob_temperature,
                 truncation=self.gconfig.logprob_truncation,
+                stop_ids=self.stop_ids(batch),
             )
         )
         weight_fn = lambda mb: agg.weight(mb["loss_mask"].bool(), mb["cu_seqlens"])  # noqa: E731
@@ -150,9 +159,11 @@ def actor_loss(
     config: PPOActorConfig,
     temperature: float = 1.0,
     truncation: Truncation | None = None,
+    stop_ids: Sequence[int] = (),
 ) -> tuple[torch.Tensor, dict]:
     """The configured PPO loss on one packed micro-batch; logits [N, V] at the sampling `temperature`
-    (or the `HiddenStates` they come from: the engine's `head_chunk_tokens`).
+    (or the `HiddenStates` they come from: the engine's `head_chunk_tokens`), `stop_ids` out of the
+    distribution at the tokens `mb["stop_banned"]` marks (min_new_tokens, arealite/train/logprobs.py).
 
     Without `mb["prox_logp"]` the old policy is this forward's own log-probs, detached:
     right only while the weights have not moved since the update began (`ppo_update` leaves
@@ -163,7 +174,7 @@ def actor_loss(
     mask = mb["loss_mask"].to(dev).bool()
     entropy_grad = config.entropy_coef > 0  # a bonus needs the entropy's gradient; else it is a statistic
     logp, entropy = packed_logprobs_and_entropy(
-        logits, mb["input_ids"], cu, temperature, truncation, entropy=True, entropy_grad=entropy_grad
+        logits, mb["input_ids"], cu, temperature, truncation, True, entropy_grad, mb.get("stop_banned"), stop_ids
     )
     prox = mb["prox_logp"].to(dev).float() if "prox_logp" in mb else logp.detach()
     behav = mb["logprobs"].to(dev).float()

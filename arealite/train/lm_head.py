@@ -97,7 +97,7 @@ def hidden_states_out(head: torch.nn.Linear) -> Iterator[dict]:
 
 
 class ChunkedHead(torch.autograd.Function):
-    """rows.forward(hidden[block] @ weight.T, targets[block]) over `chunk`-row blocks -> (lp, ent).
+    """rows.forward(hidden[block] @ weight.T, targets[block], block start) over `chunk`-row blocks -> (lp, ent).
 
     `rows` (arealite/train/logprobs.py `_Rows`) maps a block of logits and its targets to
     (values, entropy or None, what its gradient needs: small, kept), and gives the block's
@@ -109,8 +109,8 @@ class ChunkedHead(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, rows, chunk: int, entropy_grad: bool):
         lps, ents, kept = [], [], []
-        for h, t in zip(hidden.split(chunk), targets.split(chunk)):
-            lp, ent, keep = rows.forward(F.linear(h, weight), t)
+        for i, (h, t) in enumerate(zip(hidden.split(chunk), targets.split(chunk))):
+            lp, ent, keep = rows.forward(F.linear(h, weight), t, i * chunk)
             lps.append(lp)
             ents.append(ent)
             kept.append(keep)
@@ -136,7 +136,7 @@ class ChunkedHead(torch.autograd.Function):
             rows = slice(start, start + h.shape[0])
             start = rows.stop
             g_ent = grad_ent[rows] if ctx.entropy_grad and grad_ent is not None else None
-            g = ctx.rows.grad(F.linear(h, weight), t, ctx.kept[i], grad_lp[rows], g_ent).to(hidden.dtype)
+            g = ctx.rows.grad(F.linear(h, weight), t, rows.start, ctx.kept[i], grad_lp[rows], g_ent).to(hidden.dtype)
             if grad_h is not None:
                 torch.mm(g, weight, out=grad_h[rows])
             if grad_w is not None:

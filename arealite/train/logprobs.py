@@ -5,7 +5,9 @@ the logits at position `t - 1` divided by the sampling temperature — the same 
 servers return. With a `truncation` (`gconfig.logprob_truncation`: top-k / top-p / min-p with
 `gconfig.truncated_logprobs`), p is the truncated, renormalised distribution the tokens were
 sampled from (arealite/algo/truncation.py), which the built-in server reports for
-`processed_logprobs` requests. The first token of every sequence has no prediction and gets 0.
+`processed_logprobs` requests; at the tokens a batch marks `stop_banned` (`gconfig.min_new_tokens`),
+p is without `stop_ids`, as on the servers (`StopBan`, docs/protocol.md §1.6.1). The first token
+of every sequence has no prediction and gets 0.
 
 Without a truncation the log-probs (and, beside them, the entropy statistic) come from one
 fused autograd function whose backward writes the logits' gradient in a single buffer; the
@@ -17,6 +19,9 @@ the [N, V] logits never exist.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
 from arealite.algo.losses import entropy_from_logits
@@ -24,6 +29,52 @@ from arealite.algo.truncation import Truncation, truncated_token_logprobs
 from arealite.train.lm_head import ChunkedHead, HiddenStates, accepts_hidden_states
 
 ENTROPY_CHUNK = 1024  # rows per [chunk, V] fp32 temporary (entropy, gradient): a large vocabulary never needs more
+
+BANNED_LOGIT = -1e30  # a banned stop token's logit / T: exp underflows to 0 below any real logit (fp32)
+
+
+@dataclass(frozen=True)
+class StopBan:
+    """The stop tokens `ids` [s] banned at the logits rows `rows` [k] (ascending): out of the
+    distribution, as a server honouring `min_new_tokens` removes them. Their scaled logits become
+    BANNED_LOGIT, not -inf: p = exp(x - logz) is still exactly 0, and p * x in the entropy (and its
+    gradient, x times the loss's) stays finite, where -inf (or the dtype's minimum, which a
+    gradient overflows) would make it NaN."""
+
+    rows: torch.Tensor
+    ids: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` (fp32 logits already / T) with the banned entries at BANNED_LOGIT; a copy (autograd-safe)."""
+        return x.index_put((self.rows[:, None], self.ids[None, :]), x.new_tensor(BANNED_LOGIT))
+
+    def block(self, start: int, stop: int) -> StopBan | None:
+        """The ban of rows [start, stop), renumbered from 0; None when none of them is banned."""
+        inside = (self.rows >= start) & (self.rows < stop)
+        return StopBan(self.rows[inside] - start, self.ids) if bool(inside.any()) else None
+
+
+def stop_ban(banned: torch.Tensor | None, stop_ids: Sequence[int], targets: torch.Tensor) -> StopBan | None:
+    """The `StopBan` of packed rows predicting `targets` [n], from the token-aligned `banned` [n + 1]
+    (the batch's `stop_banned`: row t predicts token t + 1); None when no token is banned."""
+    if banned is None:
+        return None
+    rows = banned[1:].to(targets.device).bool().nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return None
+    if not stop_ids:
+        raise ValueError(
+            "the batch marks tokens sampled under gconfig.min_new_tokens's stop-token ban (stop_banned) but no "
+            "stop ids were given to replay it: pass stop_ids (arealite.utils.stop_ids.banned_stop_ids)"
+        )
+    ids = torch.as_tensor(list(stop_ids), dtype=torch.long, device=targets.device)
+    if bool((targets[rows, None] == ids[None, :]).any()):
+        raise ValueError(
+            f"a token marked stop_banned is itself one of the banned stop ids {sorted(stop_ids)}: the servers "
+            "never sample one under the ban, so the batch's stop_banned or the stop ids (the model's EOS, "
+            "gconfig.stop_token_ids) are not the server's"
+        )
+    return StopBan(rows, ids)
 
 
 class _NextTokenLogprobs(torch.autograd.Function):
@@ -38,30 +89,32 @@ class _NextTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
-        lp, ent, logz = _fused_forward(logits, targets, temperature, entropy)
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool, ban):
+        lp, ent, logz = _fused_forward(logits, targets, temperature, entropy, ban)
         if ent is not None:
             ctx.mark_non_differentiable(ent)
         ctx.save_for_backward(logits, targets, logz)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.ban = temperature, ban
         return lp, ent
 
     @staticmethod
     def backward(ctx, grad_lp: torch.Tensor, _grad_ent: torch.Tensor | None):
         logits, targets, logz = ctx.saved_tensors
-        return _fused_grad(logits, targets, logz, grad_lp, ctx.temperature), None, None, None
+        return _fused_grad(logits, targets, logz, grad_lp, ctx.temperature, ctx.ban), None, None, None, None
 
 
-def _fused_forward(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
+def _fused_forward(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool, ban=None):
     """(log-probs [n], entropy [n] or None, log-normaliser [n]) of rows t < n = len(targets)."""
     x = _scaled(logits[: targets.shape[0]], temperature)
+    if ban is not None:
+        x = ban.apply(x)
     logz = torch.logsumexp(x, dim=-1)
     lp = x.gather(-1, targets[:, None]).squeeze(-1) - logz
     ent = torch.cat([_entropy(c, z) for c, z in _chunks(x, logz)]) if entropy else None
     return lp, ent, logz
 
 
-def _fused_grad(logits, targets, logz, grad_lp, t: float) -> torch.Tensor:
+def _fused_grad(logits, targets, logz, grad_lp, t: float, ban: StopBan | None = None) -> torch.Tensor:
     """d(sum grad_lp * log-probs)/d logits, in one [M, V] buffer of the logits' dtype."""
     wide = torch.promote_types(logits.dtype, torch.float32)
     g = grad_lp.to(wide) / t if t != 1.0 else grad_lp.to(wide)  # d/dlogits = d/dx / T
@@ -71,6 +124,8 @@ def _fused_grad(logits, targets, logz, grad_lp, t: float) -> torch.Tensor:
     for rows, c, z, gc in _chunks(body, logits[:n], logz, g):
         torch.sub(_scaled(c, t), z[:, None], out=rows)
         rows.exp_().mul_(-gc[:, None])  # -g * softmax
+    if ban is not None:  # the banned logits are out of the softmax: no gradient
+        body.index_put_((ban.rows[:, None], ban.ids[None, :]), body.new_zeros(()))
     body.scatter_add_(1, targets[:, None], g[:, None])
     grad[n:] = 0.0
     return grad.to(logits.dtype)
@@ -82,22 +137,35 @@ class _Rows:
     formulas above, saving the block's log-normaliser; otherwise autograd through `_rows_logprobs`
     on the block made again."""
 
-    def __init__(self, temperature: float, truncation: Truncation | None, entropy: bool, entropy_grad: bool):
+    def __init__(
+        self,
+        temperature: float,
+        truncation: Truncation | None,
+        entropy: bool,
+        entropy_grad: bool,
+        ban: StopBan | None = None,
+    ):
         self.args = (temperature, truncation, entropy, entropy_grad)
         self.fused = truncation is None and not (entropy and entropy_grad)
+        self.ban = ban
 
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor):
+    def _ban(self, start: int, n: int) -> StopBan | None:
+        return self.ban.block(start, start + n) if self.ban is not None else None
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor, start: int):
         temperature, _, entropy, _ = self.args
+        ban = self._ban(start, targets.shape[0])
         if self.fused:
-            return _fused_forward(logits, targets, temperature, entropy)
-        return (*_rows_logprobs(logits, targets, *self.args), None)
+            return _fused_forward(logits, targets, temperature, entropy, ban)
+        return (*_rows_logprobs(logits, targets, *self.args, ban), None)
 
-    def grad(self, logits, targets, logz, grad_lp, grad_ent) -> torch.Tensor:
+    def grad(self, logits, targets, start: int, logz, grad_lp, grad_ent) -> torch.Tensor:
+        ban = self._ban(start, targets.shape[0])
         if self.fused:
-            return _fused_grad(logits, targets, logz, grad_lp, self.args[0])
+            return _fused_grad(logits, targets, logz, grad_lp, self.args[0], ban)
         with torch.enable_grad():
             x = logits.detach().requires_grad_(True)
-            lp, ent = _rows_logprobs(x, targets, *self.args)
+            lp, ent = _rows_logprobs(x, targets, *self.args, ban)
             outs, grads = [lp], [grad_lp]
             if ent is not None and ent.requires_grad and grad_ent is not None:
                 outs.append(ent)
@@ -125,9 +193,13 @@ def packed_token_logprobs(
     cu_seqlens: torch.Tensor,
     temperature: float = 1.0,
     truncation: Truncation | None = None,
+    stop_banned: torch.Tensor | None = None,
+    stop_ids: Sequence[int] = (),
 ) -> torch.Tensor:
     """logits [N, V] (position i predicts token i+1), input_ids [N] -> logprobs [N] in fp32."""
-    return packed_logprobs_and_entropy(logits, input_ids, cu_seqlens, temperature, truncation, entropy=False)[0]
+    return packed_logprobs_and_entropy(
+        logits, input_ids, cu_seqlens, temperature, truncation, False, stop_banned=stop_banned, stop_ids=stop_ids
+    )[0]
 
 
 def packed_logprobs_and_entropy(
@@ -138,6 +210,8 @@ def packed_logprobs_and_entropy(
     truncation: Truncation | None = None,
     entropy: bool = True,
     entropy_grad: bool = False,
+    stop_banned: torch.Tensor | None = None,
+    stop_ids: Sequence[int] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(logprobs [N], entropy [N] or None), fp32 and token-aligned alike.
 
@@ -145,6 +219,8 @@ def packed_logprobs_and_entropy(
     was sampled from (untruncated even with a `truncation`), without a gradient unless
     `entropy_grad` (an entropy bonus: then one more softmax through autograd); without it, it
     costs two passes over the logits beside the log-probs' own, as it shares their log-normaliser.
+    `stop_banned` [N] (bool, token-aligned) marks the tokens sampled without `stop_ids`
+    (min_new_tokens): their log-probs and entropy are the banned distribution's (module docstring).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 to define logprobs; greedy rollouts use 1.0")
@@ -153,12 +229,13 @@ def packed_logprobs_and_entropy(
         zeros = torch.zeros(n, dtype=torch.float32, device=logits.device)
         return zeros, (zeros.clone() if entropy else None)
     nxt = input_ids[1:].to(logits.device)  # the token each position predicts
+    ban = stop_ban(stop_banned, stop_ids, nxt)
     if isinstance(logits, HiddenStates):
-        rows = _Rows(float(temperature), truncation, entropy, entropy_grad)
+        rows = _Rows(float(temperature), truncation, entropy, entropy_grad, ban)
         grad = entropy and entropy_grad
         lp, ent = ChunkedHead.apply(logits.hidden[:-1], logits.weight, nxt, rows, logits.chunk, grad)
     else:
-        lp, ent = _rows_logprobs(logits, nxt, float(temperature), truncation, entropy, entropy_grad)
+        lp, ent = _rows_logprobs(logits, nxt, float(temperature), truncation, entropy, entropy_grad, ban)
     return _token_aligned(lp, cu_seqlens), (_token_aligned(ent, cu_seqlens) if ent is not None else None)
 
 
@@ -169,20 +246,25 @@ def _rows_logprobs(
     truncation: Truncation | None,
     entropy: bool,
     entropy_grad: bool,
+    ban: StopBan | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(log p(targets[t]), entropy or None) of rows t < n = len(targets) of logits [M >= n, V]."""
     n = targets.shape[0]
     ent = None
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        x = _scaled(x[:n], temperature)
+        return ban.apply(x) if ban is not None else x
+
     if truncation is not None:
-        lp = truncated_token_logprobs(_scaled(logits[:n], temperature), targets, truncation)
+        lp = truncated_token_logprobs(scaled(logits), targets, truncation)
         if entropy and not entropy_grad:
             with torch.no_grad():
-                x = _scaled(logits[:n].detach(), temperature)
-                ent = torch.cat([entropy_from_logits(c) for (c,) in _chunks(x)])
+                ent = torch.cat([entropy_from_logits(c) for (c,) in _chunks(scaled(logits.detach()))])
     else:
-        lp, ent = _NextTokenLogprobs.apply(logits, targets, temperature, entropy and not entropy_grad)
+        lp, ent = _NextTokenLogprobs.apply(logits, targets, temperature, entropy and not entropy_grad, ban)
     if entropy and entropy_grad:
-        ent = entropy_from_logits(_scaled(logits[:n], temperature))
+        ent = entropy_from_logits(scaled(logits))
     return lp, ent
 
 
@@ -209,10 +291,15 @@ def _chunks(*tensors: torch.Tensor):
     return zip(*(t.split(ENTROPY_CHUNK) for t in tensors))
 
 
-def batch_token_logprobs(engine, batch: dict, temperature: float, truncation: Truncation | None = None) -> torch.Tensor:
-    """`engine.forward` -> logprobs [B, T]; 0 at t = 0, on padding and outside `loss_mask`."""
+def batch_token_logprobs(
+    engine, batch: dict, temperature: float, truncation: Truncation | None = None, stop_ids: Sequence[int] = ()
+) -> torch.Tensor:
+    """`engine.forward` -> logprobs [B, T]; 0 at t = 0, on padding and outside `loss_mask`; the
+    tokens `batch["stop_banned"]` marks without `stop_ids` (module docstring)."""
     hook = accepts_hidden_states(
-        lambda logits, mb: packed_token_logprobs(logits, mb["input_ids"], mb["cu_seqlens"], temperature, truncation)
+        lambda logits, mb: packed_token_logprobs(
+            logits, mb["input_ids"], mb["cu_seqlens"], temperature, truncation, mb.get("stop_banned"), stop_ids
+        )
     )
     logp = engine.forward(batch, hook)
     keep = batch["attention_mask"].bool()

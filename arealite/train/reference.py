@@ -17,6 +17,7 @@ from arealite.config import GenerationHyperparameters, TrainEngineConfig
 from arealite.data.packing import Batch
 from arealite.train.engine import FSDPEngine, load_causal_lm
 from arealite.train.logprobs import batch_token_logprobs
+from arealite.utils.stop_ids import batch_stop_ids
 
 
 class ReferenceModel(FSDPEngine):
@@ -33,4 +34,5 @@ class ReferenceModel(FSDPEngine):
         """Token-aligned logprobs [B, T] under the reference weights (same convention as the actor's),
         at `temperature` (default: the sampling temperature of `gconfig`)."""
         temp = self.gconfig.logprob_temperature if temperature is None else temperature
-        return batch_token_logprobs(self, batch, temp, self.gconfig.logprob_truncation)
+        stop_ids = batch_stop_ids(batch, self.config.path, self.gconfig.stop_token_ids)  # min_new_tokens's ban
+        return batch_token_logprobs(self, batch, temp, self.gconfig.logprob_truncation, stop_ids)

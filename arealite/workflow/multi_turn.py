@@ -42,13 +42,21 @@ class _Conversation:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
+    stop_banned: list[bool] = field(default_factory=list)  # sampled under min_new_tokens's ban (each answer's own)
     turn_ids: list[int] = field(default_factory=list)  # the answer each token belongs to, -1 on feedback
     turn_rewards: dict[int, float] = field(default_factory=dict)
     turns: int = 0
     truncated: bool = False  # the last answer ran out of its token budget
 
-    def add(self, tokens: list[int], logprobs: list[float] | None = None, versions: list[int] | None = None) -> None:
+    def add(
+        self,
+        tokens: list[int],
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+        stop_banned: list[bool] | None = None,
+    ) -> None:
         model = logprobs is not None
+        self.stop_banned += stop_banned if stop_banned is not None else [False] * len(tokens)
         self.tokens += tokens
         self.logprobs += logprobs if model else [0.0] * len(tokens)
         self.versions += versions if versions is not None else [-1] * len(tokens)
@@ -108,6 +116,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             output_loss_mask=[c.loss_mask for c in convs],
             output_turn_ids=[c.turn_ids for c in convs],
             turn_rewards=[c.turn_rewards for c in convs],
+            output_stop_banned=[c.stop_banned for c in convs] if self.gconfig.min_new_tokens else None,
         )
         traj["rewards"] = torch.tensor([reward for _, reward in results], dtype=torch.float32)  # [G]
         traj["num_turns"] = torch.tensor([c.turns for c in convs], dtype=torch.long)  # [G]
@@ -129,7 +138,7 @@ class MultiTurnWorkflow(RolloutWorkflow):
             # with gconfig.sampling_seed set, each answer of each sample gets a seed of its own (as ToolUseWorkflow)
             gconfig = seeded_gconfig(self.gconfig, data, conv.prompt_ids, index * self.max_turns + turn, version)
             resp = await engine.agenerate(ModelRequest(input_ids=context, gconfig=gconfig, group_id=group_id))
-            conv.add(resp.output_tokens, resp.output_logprobs, resp.output_versions)  # turn `turn`
+            conv.add(resp.output_tokens, resp.output_logprobs, resp.output_versions, resp.output_stop_banned)
             conv.turns = turn + 1
             conv.truncated = is_truncated(resp, self.stop_ids)
             self.stats["turns"] += 1

@@ -86,6 +86,8 @@ class RLVRWorkflow(RolloutWorkflow):
             [r.output_tokens for r in responses],
             [r.output_logprobs for r in responses],
             [r.output_versions for r in responses],
+            # the tokens min_new_tokens's ban was on, for the trainer to replay it (arealite/train/logprobs.py)
+            output_stop_banned=[r.output_stop_banned for r in responses] if self.gconfig.min_new_tokens else None,
         )
         traj["rewards"] = torch.tensor(rewards, dtype=torch.float32)  # [G]
         traj["truncated"] = torch.tensor(truncated, dtype=torch.bool)  # [G]

@@ -105,6 +105,10 @@ def test_direct_answer_and_choices(tool_engine, tool_tokenizer):
         client.chat.completions.create(model="policy", messages=QUESTION, tools=[CALCULATOR], max_tokens=3)
     )
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3
+    # under gconfig.min_new_tokens the record marks the tokens sampled without the stop tokens, for the trainer
+    banning = ChatClient(tool_engine, tool_tokenizer, GenerationHyperparameters(max_new_tokens=80, min_new_tokens=2))
+    done = asyncio.run(banning.chat.completions.create(model="policy", messages=QUESTION, max_tokens=3))
+    assert banning.record(done.id, 0).stop_banned == [True, True, False] and client.completions[-1].stop_banned is None
 
 
 def test_edited_history_starts_a_new_conversation(tool_engine, tool_tokenizer):

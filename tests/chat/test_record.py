@@ -23,6 +23,22 @@ def test_chain_to_one_sequence():
     assert traj["rewards"].tolist() == [0.5]
 
 
+def test_min_new_tokens_marks_reach_the_trajectory_per_completion():
+    """Each completion's own stop-ban marks (the chat client's `ModelResponse.output_stop_banned` under
+    `gconfig.min_new_tokens`) land on its tokens; inserted tokens and a row trained elsewhere get none."""
+    first = _rec([1, 2, 3], [10, 11, 12])
+    first.stop_banned = [True, True, False]
+    second = _rec([1, 2, 3, 10, 11, 12, 20], [13, 14], parent=first)
+    second.stop_banned = [True, True]
+    traj = conversation_trajectory(second, reward=0.0)
+    assert traj["stop_banned"].tolist() == [[False] * 3 + [True, True, False, False, True, True]]
+    branch = _rec([1, 2, 3, 10, 11, 12, 30], [15], parent=first)
+    branch.stop_banned = [True]
+    rows = episode_trajectory([first, second, branch])["stop_banned"].tolist()
+    assert rows == [[False] * 3 + [True, True, False, False, True, True], [False] * 7 + [True, False]]
+    assert "stop_banned" not in conversation_trajectory(_rec([1, 2], [10]), reward=0.0)  # asked without a ban
+
+
 def test_a_prompt_that_does_not_extend_its_parent_is_refused():
     first = _rec([1, 2, 3], [10, 11])
     second = _rec([1, 2, 3, 10, 99, 20], [12], parent=first)  # the reply re-tokenized differently

@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from arealite.config import GenerationHyperparameters, InferenceEngineConfig
 from arealite.reward.math import gsm8k_reward_fn
 from arealite.rollout import RemoteSGLangEngine
-from arealite.server.cli import eos_token_ids
 from arealite.types import ModelRequest, WeightUpdateMeta
+from arealite.utils.stop_ids import eos_token_ids
 from arealite.workflow import RLVRWorkflow
 
 pytestmark = pytest.mark.timeout(240)
@@ -111,7 +111,8 @@ def test_interrupted_answer_continues_after_its_last_token(two_servers, tiny_mod
     server = two_servers[0]
     weights = tmp_path / "weights"
     shutil.copytree(tiny_model_dir, weights)
-    gconfig = GenerationHyperparameters(max_new_tokens=LONG, min_new_tokens=LONG, temperature=0.0)
+    # the stop ban of min_new_tokens ends mid-answer (greedy: the answer still runs to LONG on this model)
+    gconfig = GenerationHyperparameters(max_new_tokens=LONG, min_new_tokens=LONG // 6, temperature=0.0)
     prompt = AutoTokenizer.from_pretrained(tiny_model_dir).encode("fib 3 5 40", add_special_tokens=False)
     engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [server.address])
     engine.initialize()
@@ -132,6 +133,8 @@ def test_interrupted_answer_continues_after_its_last_token(two_servers, tiny_mod
     # and so do the behaviour logprobs: a shifted or repeated one would be off by whole nats (fp32, same weights)
     torch.testing.assert_close(resp.output_logprobs, reference.output_logprobs, rtol=1e-5, atol=1e-5)
     assert sampled == LONG, f"the server sampled {sampled} tokens for an answer of {LONG}"
+    # the tokens sampled under the ban, counted over both segments, as the adapter carried it to the server
+    assert resp.output_stop_banned == reference.output_stop_banned == [i < LONG // 6 for i in range(LONG)]
 
 
 def test_each_token_carries_the_logprob_of_the_weights_that_sampled_it(two_servers, tiny_model_dir, tmp_path):

@@ -79,6 +79,12 @@ def test_teacher_logprobs_spread_fail_over_and_match_a_plain_forward(tiny_model_
             s.stop()
 
 
+def test_min_new_tokens_is_refused_with_a_teacher():
+    """The student's logprobs replay min_new_tokens's stop ban; a teacher's prompt logprobs cannot."""
+    with pytest.raises(ValueError, match="gconfig.min_new_tokens=3"):
+        TeacherClient(DistillConfig(address="unused:1"), FAILURE, GenerationHyperparameters(min_new_tokens=3), "x")
+
+
 def test_a_teacher_with_another_tokenizer_is_refused_at_start(tiny_model_dir, tmp_path):
     other = build_tiny_model(str(tmp_path / "other"), seed=1, vocab_size=400)  # its own BPE: other ids
     config = DistillConfig(address="unused:1")

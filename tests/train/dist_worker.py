@@ -30,6 +30,7 @@ from arealite.data.packing import select
 from arealite.train.actor import PPOActor
 from arealite.train.data_parallel import balance_across_ranks
 from arealite.types import WeightUpdateMeta
+from arealite.utils.stop_ids import banned_stop_ids
 from arealite.weight_sync.buckets import broadcast_buckets, weight_buckets
 from arealite.weight_sync.distributed import Groups
 from tests.train.helpers import make_batch
@@ -53,6 +54,9 @@ def train_one_step(
     actor = PPOActor(cfg, GenerationHyperparameters(group_size=2)).initialize()
     batch = make_batch(GLOBAL_LENS, seed=21)
     batch["rewards"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    if not uneven:  # min_new_tokens's stop ban on the first answer tokens of the last rank's rows, which re-dealing
+        # moves: every rank replays it (rows of either rank, the LM head chunked on two ranks and whole on one)
+        batch["stop_banned"] = stop_banned_rows(batch, model_dir, rows=range(len(GLOBAL_LENS) // 2, len(GLOBAL_LENS)))
     bounds = [0, 2, len(GLOBAL_LENS)] if uneven else [len(GLOBAL_LENS) * r // n_ranks for r in range(n_ranks + 1)]
     if n_ranks == 1:
         bounds = [0, len(GLOBAL_LENS)]
@@ -61,6 +65,16 @@ def train_one_step(
         batch["prox_logp"] = actor.compute_logp(batch)
     actor.compute_advantages(batch)
     return actor, actor.ppo_update(batch), batch
+
+
+def stop_banned_rows(batch: dict, model_dir: str, rows) -> torch.Tensor:
+    """`stop_banned` [B, T]: the first 3 loss tokens of `rows` that are not stop ids."""
+    loss = batch["loss_mask"].bool()
+    stop = torch.isin(batch["input_ids"], torch.tensor(banned_stop_ids(model_dir, [])))
+    banned = loss & (loss.int().cumsum(1) <= 3) & ~stop
+    keep = torch.zeros_like(banned)
+    keep[list(rows)] = True
+    return banned & keep
 
 
 def record_balance(batch: dict, out_dir: str) -> None:

@@ -117,3 +117,45 @@ def test_prune_weight_versions_keeps_the_window_below_the_current_version(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "v3", "v4", "v5", "vx"]
     assert sorted(os.path.basename(p) for p in deleted) == ["v1", "v10", "v2", "v6"]
     assert prune_weight_versions(str(tmp_path / "missing"), keep=3, current=5) == []
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_min_new_tokens_ban_is_replayed_by_the_trainer(server, actor, top_p):
+    """`gconfig.min_new_tokens` with extra `stop_token_ids`: the server samples the first answer
+    tokens without the stop ids and reports that distribution's logprobs; the rollout client marks
+    those tokens (`output_stop_banned`), and `PPOActor.compute_logp` under the same gconfig replays
+    the ban (the model's EOS and the stop ids; before top-p), to fp32 rounding. A third of the
+    vocabulary as stop ids makes the ban move each banned logprob by far more than the bound."""
+    from arealite.config import InferenceEngineConfig
+    from arealite.rollout import RemoteSGLangEngine
+    from arealite.rollout.batch import trajectory_from_tokens
+    from arealite.types import ModelRequest
+
+    gconfig = GenerationHyperparameters(
+        group_size=1, max_new_tokens=14, min_new_tokens=10, temperature=0.8, top_p=top_p,
+        stop_token_ids=list(range(100, 280)), sampling_seed=5,
+    )  # fmt: skip
+    engine = RemoteSGLangEngine(InferenceEngineConfig(setup_timeout=60, request_timeout=120), [server.address])
+    engine.initialize()
+    try:
+        resps = [engine.loop.run(engine.agenerate(ModelRequest(p, gconfig))) for p in PROMPTS]
+    finally:
+        engine.destroy()
+    assert all(r.output_len >= 10 for r in resps) and all(r.output_stop_banned[:10] == [True] * 10 for r in resps)
+    assert all(not any(r.output_stop_banned[10:]) for r in resps)
+    batch = trajectory_from_tokens(
+        [r.input_tokens for r in resps], [r.output_tokens for r in resps], [r.output_logprobs for r in resps],
+        [r.output_versions for r in resps], output_stop_banned=[r.output_stop_banned for r in resps],
+    )  # fmt: skip
+    actor.gconfig = gconfig
+    try:
+        diff = max_abs_logprob_diff(actor.compute_logp(batch), batch)
+        unbanned = {k: v for k, v in batch.items() if k != "stop_banned"}
+        ignored = max_abs_logprob_diff(actor.compute_logp(unbanned), batch)
+    finally:
+        actor.gconfig = GenerationHyperparameters(group_size=2)
+    bound = parity_bound(batch)
+    print(f"top_p={top_p}: ban replayed max |diff| {diff:.2e} (bound {bound:.2e}); not replayed {ignored:.2e}")
+    assert diff <= bound, f"trainer vs server max |logprob diff| = {diff} > {bound}"
+    assert ignored > 100 * bound  # the ban matters here: a trainer ignoring it fails above

@@ -66,9 +66,16 @@ def _gconfig(knobs: tuple) -> GenerationHyperparameters:
     return load_config(overrides, GRPOConfig).gconfig
 
 
-def test_vllm_and_trainer_logprobs_agree_token_for_token(vllm_server):
+@pytest.fixture(scope="module")
+def actor(vllm_server):
     from arealite.train.actor import PPOActor
 
+    config = PPOActorConfig(path=vllm_server.model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-3))
+    with PPOActor(config, GenerationHyperparameters(group_size=1)) as actor:
+        yield actor
+
+
+def test_vllm_and_trainer_logprobs_agree_token_for_token(vllm_server, actor):
     jobs = [(name, i) for name in CASES for i in range(len(PROMPTS))]
     with ThreadPoolExecutor(len(jobs)) as pool:
         replies = dict(
@@ -77,8 +84,6 @@ def test_vllm_and_trainer_logprobs_agree_token_for_token(vllm_server):
                 pool.map(lambda j: _generate(vllm_server.address, PROMPTS[j[1]], CASES[j[0]], 1 + jobs.index(j)), jobs),
             )
         )
-    config = PPOActorConfig(path=vllm_server.model_dir, dtype="float32", optimizer=OptimizerConfig(lr=1e-3))
-    actor = PPOActor(config, GenerationHyperparameters(group_size=1)).initialize()
     failures = []
     for name, knobs in CASES.items():
         rows = [(p, replies[name, i]["tokens"], replies[name, i]["logprobs"]) for i, p in enumerate(PROMPTS)]
@@ -111,6 +116,53 @@ def test_vllm_and_trainer_logprobs_agree_token_for_token(vllm_server):
         if not truncating and cut > bound:
             failures.append(f"{name}: the trainer truncated an untruncated case ({cut:.2e})")
     assert not failures, failures
+
+
+def test_min_new_tokens_ban_through_the_client_is_replayed_by_the_trainer(vllm_server, actor):
+    """`gconfig.min_new_tokens` (with extra `stop_token_ids`) through `RemoteVLLMEngine`: vLLM samples
+    the first answer tokens without its stop tokens (the model's EOS and the stop ids) and reports
+    that distribution's processed logprobs; the client marks those tokens and `PPOActor.compute_logp`
+    under the same gconfig (an experiment config's, truncating) replays the ban, within the vLLM
+    tests' bound. A third of the vocabulary as stop ids makes the ban move each banned logprob far
+    beyond it, so a trainer ignoring it fails."""
+    import uuid
+
+    from arealite.config import InferenceEngineConfig
+    from arealite.rollout import RemoteVLLMEngine
+    from arealite.rollout.batch import trajectory_from_tokens
+    from arealite.types import ModelRequest
+
+    stop_ids = ",".join(map(str, range(100, 280)))
+    overrides = ["gconfig.max_new_tokens=14", "gconfig.min_new_tokens=10", f"gconfig.stop_token_ids=[{stop_ids}]"]
+    # the tiny model's logits are flat at temperature 1: top-p cuts a tail, the EOS stays in it
+    overrides += ["gconfig.temperature=1.0", "gconfig.top_p=0.95", "gconfig.sampling_seed=5"]
+    gconfig = load_config([*overrides, "gconfig.group_size=1", "server.backend=vllm"], GRPOConfig).gconfig
+    engine = RemoteVLLMEngine(InferenceEngineConfig(setup_timeout=60.0, request_timeout=300.0), [vllm_server.address])
+    engine.initialize()
+    try:
+        resps = [
+            engine.loop.run(engine.agenerate(ModelRequest(rid=uuid.uuid4().hex, input_ids=p, gconfig=gconfig)))
+            for p in PROMPTS
+        ]
+    finally:
+        engine.destroy()
+    assert all(r.output_len >= 10 and r.output_stop_banned == [i < 10 for i in range(r.output_len)] for r in resps)
+    batch = trajectory_from_tokens(
+        [r.input_tokens for r in resps], [r.output_tokens for r in resps], [r.output_logprobs for r in resps],
+        [r.output_versions for r in resps], output_stop_banned=[r.output_stop_banned for r in resps],
+    )  # fmt: skip
+    mask = batch["loss_mask"].bool()
+    actor.gconfig = gconfig
+    try:
+        gap = float((actor.compute_logp(batch) - batch["logprobs"])[mask].abs().max())
+        plain = {k: v for k, v in batch.items() if k != "stop_banned"}
+        ignored = float((actor.compute_logp(plain) - batch["logprobs"])[mask].abs().max())
+    finally:
+        actor.gconfig = GenerationHyperparameters(group_size=1)
+    bound = LOGPROB_BOUND_SHORT / gconfig.temperature
+    print(f"min_new_tokens: max |vLLM - trainer| {gap:.2e} (bound {bound:.1e}); the ban not replayed: {ignored:.2e}")
+    assert gap <= bound
+    assert ignored > 100 * bound
 
 
 VLLM_MASKS = """

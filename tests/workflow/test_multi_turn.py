@@ -28,7 +28,7 @@ def segments(mask_row):
 
 
 def test_second_answer_after_feedback(server_engine, tokenizer):
-    gconfig = GenerationHyperparameters(group_size=2, max_new_tokens=6)
+    gconfig = GenerationHyperparameters(group_size=2, max_new_tokens=6, min_new_tokens=3)
     workflow = MultiTurnWorkflow(
         wrong_until_feedback, gconfig, tokenizer, max_turns=3, turn_discount=0.5, feedback=FEEDBACK
     )
@@ -56,6 +56,11 @@ def test_second_answer_after_feedback(server_engine, tokenizer):
         turns = batch["turn_ids"][row][valid]
         (_, a0, b0), _, (_, a1, b1) = runs
         assert (turns[a0:b0] == 0).all() and (turns[fb_start:fb_end] == -1).all() and (turns[a1:b1] == 1).all()
+        # min_new_tokens banned the stop tokens for the first 3 tokens of each answer, its own generation
+        banned = batch["stop_banned"][row][valid]
+        for a, b in ((a0, b0), (a1, b1)):
+            assert banned[a:b].tolist() == [i < 3 for i in range(b - a)]
+        assert not banned[fb_start:fb_end].any()
         rewards = batch["turn_rewards"][row][valid]
         assert rewards[b1 - 1].item() == 0.5 and rewards.abs().sum().item() == 0.5
     assert workflow.stats["turns"] == 4

@@ -17,9 +17,12 @@ RECORDS = [
 
 
 def test_rewards_see_the_completion_ids(server_engine, tokenizer):
-    workflow = RLVRWorkflow(completion_length, GenerationHyperparameters(group_size=2, max_new_tokens=5), tokenizer)
-    batch = server_engine.rollout_batch(RECORDS, workflow)
+    gconfig = GenerationHyperparameters(group_size=2, max_new_tokens=5, min_new_tokens=2)
+    batch = server_engine.rollout_batch(RECORDS, RLVRWorkflow(completion_length, gconfig, tokenizer))
     assert batch["rewards"].tolist() == batch["loss_mask"].sum(1).float().tolist()
+    # the first min_new_tokens answer tokens were sampled without the stop tokens: marked for the trainer
+    for banned, mask in zip(batch["stop_banned"], batch["loss_mask"].bool()):
+        assert banned[mask].tolist() == [i < 2 for i in range(int(mask.sum()))] and not banned[~mask].any()
 
 
 def test_truncated_responses_are_recorded_and_told_to_rewards_that_ask(server_engine, tokenizer):
@@ -37,6 +40,7 @@ def test_truncated_responses_are_recorded_and_told_to_rewards_that_ask(server_en
         out = ids[mask].tolist()
         expected.append(len(out) == 2 and out[-1] not in stop_set)
     assert batch["truncated"].tolist() == expected
+    assert "stop_banned" not in batch  # min_new_tokens = 0: nothing banned, the batch as before
     assert batch["rewards"].tolist() == [float(x) for x in expected]
     assert 0 < sum(expected) < len(expected), "both kinds must occur for the check to mean anything"
 
