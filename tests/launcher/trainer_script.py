@@ -51,8 +51,11 @@ def main(argv: list[str]) -> int:
         return resync(config, run_dir, addrs[0])
     teachers = [a for a in os.environ.get("AREAL_TEACHER_SERVER_ADDRS", "").split(",") if a]
     if teachers:  # the launcher started them before the ranks: each answers now
-        with open(os.path.join(run_dir, f"teachers{rank}.json"), "w") as f:
-            json.dump({"addrs": teachers, "outputs": [generate(a)["output_ids"] for a in teachers]}, f)
+        record = {"addrs": teachers, "outputs": [generate(a)["output_ids"] for a in teachers]}
+        path = os.path.join(run_dir, f"teachers{rank}.json")
+        with open(path + ".tmp", "w") as f:  # the tests read it as soon as it exists: whole, or not there
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
     # In wait mode a test may kill a server as soon as the pid file exists, so no call here
     # may assume a server is up; the outputs recorded are those after the stop file.
     outputs = [] if mode == "wait" else [generate(a)["output_ids"] for a in addrs]
