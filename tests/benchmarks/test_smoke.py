@@ -101,6 +101,11 @@ HEAVY = {
     "lockstep_schedule.py",
     "vllm_parity.py",
     "turn_credit.py",  # three in-process trainings, about half a minute; what it runs: tests/train/test_turn_credit*
+    # Servers started and loaded for a figure that means nothing at smoke sizes; what they drive is
+    # tested on its own (tests/server, tests/rollout, tests/reliability/test_soak.py)
+    "server_throughput.py",
+    "rollout_overhead.py",
+    "soak.py",
 }
 
 
