@@ -8,10 +8,31 @@ from pathlib import Path
 
 import torch
 
+from arealite.algo.truncation import Truncation, keep_mask, sequential_keep_mask
 from arealite.utils.net import free_ports
 from tests.devices import train_device_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def plain_next_token_logprobs(x: torch.Tensor, nxt: torch.Tensor, truncation: Truncation | None) -> torch.Tensor:
+    """log p(nxt[t]) from rows x [n, V] (logits already / T) written plainly, through autograd: the
+    reference the trainer's fused and chunked paths are held to. With a truncation, the
+    log-normaliser runs over the kept set of arealite/algo/truncation.py, the target always kept."""
+    if truncation is None:
+        return torch.log_softmax(x, -1).gather(-1, nxt[:, None]).squeeze(-1)
+    with torch.no_grad():
+        if truncation.rule == "sequential":
+            keep = sequential_keep_mask(x, truncation)
+        else:
+            keep = keep_mask(x, [truncation] * x.shape[0])
+        keep.scatter_(-1, nxt[:, None], True)
+    return x.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(x.masked_fill(~keep, float("-inf")), -1)
+
+
+def token_aligned(values: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Row values [N - 1] moved to the token each row predicts ([N]); 0 at each sequence's first token."""
+    return torch.cat([values.new_zeros(1), values]).index_fill(0, cu_seqlens[:-1].long(), 0.0)
 
 
 def make_batch(lens: list[int], prompt_len: int = 3, group_size: int = 2, seed: int = 0, vocab: int = 500) -> dict:

@@ -1,6 +1,7 @@
 """The LM head chunked through the loss (arealite/train/lm_head.py) equals the full-logits head.
 
-The reference below is the trainer's head as it was before chunking, kept here: the [N, V]
+The reference below is the trainer's head as it was before chunking (its log-probs written plainly
+in tests/train/helpers.py): the [N, V]
 logits made whole by autograd, then log_softmax(logits / T) at the next token, or, with a
 truncation, the log-normaliser over the kept set of arealite/algo/truncation.py (the target
 always kept), and the untruncated entropy. The chunked head must give the same log-probs,
@@ -16,14 +17,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arealite.algo.truncation import Truncation, keep_mask, sequential_keep_mask
+from arealite.algo.truncation import Truncation
 from arealite.config import GenerationHyperparameters, MicroBatchSpec, OptimizerConfig, PPOActorConfig
 from arealite.config.loading import ConfigError
 from arealite.train.actor import PPOActor
 from arealite.train.lm_head import HiddenStates
 from arealite.train.logprobs import packed_logprobs_and_entropy, packed_token_entropy
 from tests.tolerance import assert_close
-from tests.train.helpers import make_batch
+from tests.train.helpers import make_batch, plain_next_token_logprobs, token_aligned
 
 N, H, V = 41, 16, 50
 
@@ -31,21 +32,9 @@ N, H, V = 41, 16, 50
 def _reference(hidden, weight, ids, cu, t: float, truncation: Truncation | None):
     """The full-logits head: (logprobs [N], entropy [N]), token-aligned, through plain autograd."""
     x = F.linear(hidden, weight)[:-1] / t
-    nxt = ids[1:]
-    if truncation is None:
-        lp = torch.log_softmax(x, -1).gather(-1, nxt[:, None]).squeeze(-1)
-    else:
-        with torch.no_grad():
-            if truncation.rule == "sequential":
-                keep = sequential_keep_mask(x, truncation)
-            else:
-                keep = keep_mask(x, [truncation] * x.shape[0])
-            keep.scatter_(-1, nxt[:, None], True)
-        lp = x.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(x.masked_fill(~keep, float("-inf")), -1)
+    lp = plain_next_token_logprobs(x, ids[1:], truncation)
     ent = torch.logsumexp(x, -1) - (torch.softmax(x, -1) * x).sum(-1)  # the trainer's entropy formula
-    starts = cu[:-1].long()
-    align = lambda v: torch.cat([v.new_zeros(1), v]).index_fill(0, starts, 0.0)  # noqa: E731
-    return align(lp), align(ent)
+    return token_aligned(lp, cu), token_aligned(ent, cu)
 
 
 def _inputs(seed: int, tied: bool):

@@ -14,10 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from arealite.algo.truncation import Truncation, keep_mask, sequential_keep_mask
+from arealite.algo.truncation import Truncation
 from arealite.train.lm_head import HiddenStates
 from arealite.train.logprobs import packed_logprobs_and_entropy
 from tests.tolerance import assert_close, magnitude, tolerance
+from tests.train.helpers import plain_next_token_logprobs, token_aligned
 
 N, H, V = 41, 16, 50
 STOP_IDS = [3, 11]
@@ -30,21 +31,9 @@ def _reference(logits, ids, banned, t: float, truncation: Truncation | None):
     ban = torch.zeros_like(x, dtype=torch.bool)
     ban[banned[1:].nonzero().squeeze(1)[:, None], torch.tensor(STOP_IDS)[None, :]] = True
     x = x.masked_fill(ban, float("-inf"))
-    nxt = ids[1:]
-    if truncation is None:
-        lp = torch.log_softmax(x, -1).gather(-1, nxt[:, None]).squeeze(-1)
-    else:
-        with torch.no_grad():
-            if truncation.rule == "sequential":
-                keep = sequential_keep_mask(x, truncation)
-            else:
-                keep = keep_mask(x, [truncation] * x.shape[0])
-            keep.scatter_(-1, nxt[:, None], True)
-        lp = x.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(x.masked_fill(~keep, float("-inf")), -1)
+    lp = plain_next_token_logprobs(x, ids[1:], truncation)
     ent = torch.logsumexp(x, -1) - (torch.softmax(x, -1) * x.masked_fill(ban, 0.0)).sum(-1)  # 0 * -inf: 0
-    starts = CU[:-1].long()
-    align = lambda v: torch.cat([v.new_zeros(1), v]).index_fill(0, starts, 0.0)  # noqa: E731
-    return align(lp), align(ent)
+    return token_aligned(lp, CU), token_aligned(ent, CU)
 
 
 def _inputs():
