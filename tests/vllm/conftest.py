@@ -136,13 +136,6 @@ def _model(model_dir: str):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
 
 
-def stop_ids(model_dir: str) -> list[int]:
-    """The tokens `min_new_tokens` bans on vLLM: the tokenizer's EOS (arealite's client sends no others)."""
-    from transformers import AutoTokenizer
-
-    return [AutoTokenizer.from_pretrained(model_dir).eos_token_id]
-
-
 def trainer_logprobs(
     model_dir: str, tokens: list[int], n_out: int, temperature: float, gconfig=None, banned: int = 0
 ) -> torch.Tensor:
@@ -151,12 +144,13 @@ def trainer_logprobs(
     PPOActor replays it), the stop tokens banned for the first `banned` of them as
     `min_new_tokens` bans them on the server."""
     from arealite.train.logprobs import packed_token_logprobs
+    from arealite.utils.stop_ids import banned_stop_ids
 
     ids = torch.tensor(tokens)
     with torch.no_grad():
         logits = _model(model_dir)(ids[None]).logits[0]
     first = len(tokens) - n_out - 1  # the logits row that predicts the first answer token
-    logits[first : first + banned, stop_ids(model_dir)] = float("-inf")
+    logits[first : first + banned, banned_stop_ids(model_dir, [])] = float("-inf")
     truncation = None if gconfig is None else gconfig.logprob_truncation
     return packed_token_logprobs(logits, ids, torch.tensor([0, len(tokens)]), temperature, truncation)[-n_out:]
 
