@@ -115,20 +115,34 @@ def test_stuck_workflow(engine, caplog):
     assert not engine.executor._tasks, "the stalled episode was not cancelled"
 
 
-def test_progress_resets_the_clock(engine, caplog):
+def test_progress_resets_the_clock(builtin_server, caplog):
     """A rollout slower than stall_timeout overall, but moving, is never a stall."""
+    # its own engine, with a stall_timeout several times each step's gap: a step here is a 0.8 s
+    # sleep and a 1-token /generate, which on a 2-core machine busy with the suite's other
+    # workers has taken over 1 s (STALL_S) end to end
+    stall_s = 3.0
+    config = InferenceEngineConfig(
+        setup_timeout=30, request_timeout=60, stall_timeout=stall_s, health_check_timeout=PROBE_S
+    )
+    engine = RemoteSGLangEngine(config, [builtin_server.address])
+    engine.initialize()
 
     class Slow:
         async def arun_episode(self, engine, data):
-            for _ in range(4):  # 4 x 0.6 s > 2 x stall_timeout, each step a /generate call
-                await asyncio.sleep(0.6)
+            for _ in range(5):  # 5 x 0.8 s > stall_timeout, each step a /generate call
+                await asyncio.sleep(0.8)
                 resp = await engine.agenerate(
                     ModelRequest(input_ids=[5, 6], gconfig=GenerationHyperparameters(max_new_tokens=1))
                 )
             return {"input_ids": torch.tensor([resp.output_tokens])}
 
-    with caplog.at_level("WARNING", logger="arealite.rollout.watchdog"):
-        batch = engine.rollout_batch([{"id": "slow"}], Slow())
+    start = time.monotonic()
+    try:
+        with caplog.at_level("WARNING", logger="arealite.rollout.watchdog"):
+            batch = engine.rollout_batch([{"id": "slow"}], Slow())
+    finally:
+        engine.destroy()
+    assert time.monotonic() - start > stall_s, "the rollout was not slower than stall_timeout overall"
     assert batch["input_ids"].shape == (1, 1)
     assert not [r for r in caplog.records if r.name == "arealite.rollout.watchdog"]
 
