@@ -117,9 +117,9 @@ def test_stuck_workflow(engine, caplog):
 
 def test_progress_resets_the_clock(builtin_server, caplog):
     """A rollout slower than stall_timeout overall, but moving, is never a stall."""
-    # its own engine, with a stall_timeout several times each step's gap: a step here is a 0.8 s
-    # sleep and a 1-token /generate, which on a 2-core machine busy with the suite's other
-    # workers has taken over 1 s (STALL_S) end to end
+    # its own engine, with a stall_timeout several times each step's gap (a sleep and a 1-token
+    # /generate): on a 2-core machine busy with the suite's other workers, a step has taken
+    # longer than STALL_S end to end
     stall_s = 3.0
     config = InferenceEngineConfig(
         setup_timeout=30, request_timeout=60, stall_timeout=stall_s, health_check_timeout=PROBE_S
