@@ -40,6 +40,12 @@ class LauncherConfig:
     ray_address: str = setting(
         "", 'Ray cluster to join ("auto" or host:port); empty: $RAY_ADDRESS, else start a local one'
     )
+    ray_call_timeout: float = setting(
+        60.0,
+        "seconds the Ray launcher waits for one actor call (a trainer rank's poll, a server's check) before "
+        "it calls the actor's node lost and stops the run; lower notices a lost host sooner, but must cover "
+        "an answer from a busy node",
+    )
     trainer_nodes: int = setting(1, "Slurm nodes the trainer ranks span (n_trainers split evenly across them)")
     slurm_partition: str = setting("", "sbatch --partition; empty: the cluster's default partition")
     slurm_sbatch_args: list[str] = setting(factory=list, help='extra sbatch options, e.g. ["--account=rl"]')
@@ -49,6 +55,7 @@ class LauncherConfig:
         check_positive("launcher", "n_trainers", self.n_trainers)
         check_positive("launcher", "max_server_restarts", self.max_server_restarts, allow_zero=True)
         check_positive("launcher", "trainer_nodes", self.trainer_nodes)
+        check_positive("launcher", "ray_call_timeout", self.ray_call_timeout)
         if self.n_trainers % self.trainer_nodes:
             raise ConfigError(
                 f"launcher.n_trainers={self.n_trainers} does not split evenly over "

@@ -37,7 +37,6 @@ from arealite.launcher.signals import reclaim_signals, signals_ignored
 from arealite.launcher.supervision import LaunchError, SupervisedServer, log, prepare_run_dir, record_process
 from arealite.utils import net
 
-CALL_TIMEOUT = 60.0  # seconds for one actor call; Ray can otherwise wait forever
 # Driver variables every actor gets: Ray workers start from their raylet's environment, not
 # this process's, so settings a user exports for the run must be carried over explicitly.
 FORWARDED_ENV_PREFIXES = (
@@ -150,12 +149,13 @@ def placement_bundles(config: GRPOConfig, backend: str, cluster_gpus: bool) -> l
     )
 
 
-def _get(refs, what: str):
-    """ray.get with a timeout; an actor that died or hung becomes a LaunchError naming `what`."""
+def _get(refs, what: str, timeout: float):
+    """ray.get with a timeout (launcher.ray_call_timeout; Ray can otherwise wait forever); an actor
+    that died or hung becomes a LaunchError naming `what`."""
     try:
-        return ray.get(refs, timeout=CALL_TIMEOUT)
+        return ray.get(refs, timeout=timeout)
     except ray.exceptions.GetTimeoutError as e:
-        raise LaunchError(f"{what}: no answer within {CALL_TIMEOUT:.0f}s") from e
+        raise LaunchError(f"{what}: no answer within launcher.ray_call_timeout={timeout:g}s") from e
     except ray.exceptions.RayActorError as e:
         raise LaunchError(f"{what}: an actor died: {e}") from e
 
@@ -176,6 +176,10 @@ class RayRun:
         self.nodes: list[str] = []  # each rank's node address
         self.restarts = [0] * (self.config.launcher.n_servers + n_teachers(self.config))  # per server, teacher
         self.on_gpus = False  # servers and trainer ranks get GPUs (placement_bundles)
+        self.call_timeout = self.config.launcher.ray_call_timeout
+
+    def _get(self, refs, what: str):
+        return _get(refs, what, self.call_timeout)
 
     def connect(self) -> str:
         """Join the configured cluster, or start a local one; the host servers bind to."""
@@ -235,15 +239,15 @@ class RayRun:
             )
             self.teachers.append(actor)
         log(f"started {launcher.n_servers} {backend} server actor(s), {len(self.teachers)} teacher(s); waiting")
-        deadline = time.monotonic() + launcher.server_start_timeout + CALL_TIMEOUT
+        deadline = time.monotonic() + launcher.server_start_timeout + self.call_timeout
         while True:
-            states = _get([s.check.remote() for s in self.servers + self.teachers], "server start")
+            states = self._get([s.check.remote() for s in self.servers + self.teachers], "server start")
             for _, _, failure in states:
                 if failure:
                     raise LaunchError(failure)
             if all(healthy for healthy, _, _ in states):
-                self.teacher_addrs = _get([s.addr.remote() for s in self.teachers], "teacher addresses")
-                return _get([s.addr.remote() for s in self.servers], "server addresses")
+                self.teacher_addrs = self._get([s.addr.remote() for s in self.teachers], "teacher addresses")
+                return self._get([s.addr.remote() for s in self.servers], "server addresses")
             if time.monotonic() > deadline:
                 raise LaunchError("servers did not become healthy in time")
             time.sleep(0.5)
@@ -255,8 +259,8 @@ class RayRun:
             index = launcher.n_servers + rank
             actor = self._in_bundle(TrainerActor, index, launcher.cpus_per_trainer, 1 if self.on_gpus else 0)
             self.trainers.append(actor.remote(rank, self.run_dir, host or None))
-        nodes = self.nodes = _get([t.node.remote() for t in self.trainers], "trainer placement")
-        master_port = _get(self.trainers[0].free_port.remote(), "trainer rank 0")
+        nodes = self.nodes = self._get([t.node.remote() for t in self.trainers], "trainer placement")
+        master_port = self._get(self.trainers[0].free_port.remote(), "trainer rank 0")
         cmd = [sys.executable, self.args.script, *self.args.trainer_args]
         starts = []
         for rank, (actor, node) in enumerate(zip(self.trainers, nodes)):
@@ -270,7 +274,7 @@ class RayRun:
             if self.teacher_addrs:
                 env[net.TEACHER_ADDRS_ENV] = ",".join(self.teacher_addrs)
             starts.append(actor.start.remote(cmd, env, os.getcwd()))
-        pids = _get(starts, "trainer start")
+        pids = self._get(starts, "trainer start")
         log(f"trainer ranks started (pids {pids}); servers {addrs}")
 
     def supervise(self) -> int:
@@ -285,7 +289,7 @@ class RayRun:
             if all(code == 0 for code in codes):
                 log("all trainer ranks exited with code 0")
                 return 0
-            states = _get([s.check.remote() for s in self.servers + self.teachers], "server check")
+            states = self._get([s.check.remote() for s in self.servers + self.teachers], "server check")
             n = launcher.n_servers
             for i, (_healthy, restarts, failure) in enumerate(states):
                 if failure:
@@ -300,7 +304,7 @@ class RayRun:
         """Each rank's exit code (None while it runs); a rank whose actor died or stopped
         answering (its node lost) raises a LaunchError naming the rank and its node."""
         refs = [t.poll.remote() for t in self.trainers]
-        ray.wait(refs, num_returns=len(refs), timeout=CALL_TIMEOUT)
+        ray.wait(refs, num_returns=len(refs), timeout=self.call_timeout)
         codes = []
         for rank, ref in enumerate(refs):  # a lost rank first: the others fail because of it
             try:
@@ -333,7 +337,7 @@ class RayRun:
         actors = self.trainers + self.servers + self.teachers
         stops = [a.stop.remote() for a in actors]
         try:
-            ray.get(stops, timeout=CALL_TIMEOUT)
+            ray.get(stops, timeout=self.call_timeout)
         except Exception as e:  # a dead actor's children got SIGTERM from PR_SET_PDEATHSIG
             log(f"while stopping actors: {type(e).__name__}: {e}")
         for a in actors:
