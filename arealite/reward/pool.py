@@ -8,6 +8,10 @@ A reward function that raises surfaces as RewardError. Callers count both and de
 neither is ever turned into a 0 here.
 
 A reward function must be picklable: a module-level function, not a lambda or closure.
+spawn imports the parent's main module in every worker (a function defined there is pickled as
+a reference to `__main__`): for a training script, torch and transformers, seconds of CPU and a
+few hundred MB per worker. So workers start without it, and the pool moves to workers that
+import it the first time it is given a function that needs it.
 Workers die with the process that started them, also when it is SIGKILLed: each watches its
 parent and exits once it is gone (so the resource tracker, held open by the workers, ends too).
 """
@@ -18,6 +22,8 @@ import asyncio
 import concurrent.futures
 import math
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.spawn
 import os
 import pickle
 import threading
@@ -52,6 +58,41 @@ def _ready() -> int:
     return os.getpid()
 
 
+LEAN_WORKER = "arealite-reward-worker"  # names the processes started without the main module
+
+
+def _preparation_data(name: str) -> dict[str, Any]:
+    data = _spawn_preparation_data(name)
+    if name.startswith(LEAN_WORKER):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+_spawn_preparation_data = getattr(
+    multiprocessing.spawn.get_preparation_data, "arealite_wrapped", multiprocessing.spawn.get_preparation_data
+)
+_preparation_data.arealite_wrapped = _spawn_preparation_data  # type: ignore[attr-defined]
+multiprocessing.spawn.get_preparation_data = _preparation_data  # what spawn asks for each new process
+
+
+class _LeanProcess(multiprocessing.context.SpawnProcess):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.name = f"{LEAN_WORKER}-{self.name}"
+
+
+class _LeanContext(multiprocessing.context.SpawnContext):
+    """spawn, for workers that do not import the parent's main module."""
+
+    Process = _LeanProcess
+
+
+def needs_main(fn: Callable[..., float]) -> bool:
+    """Whether unpickling `fn` refers to the parent's main module (its code is defined there)."""
+    return b"__main__" in pickle.dumps(fn)
+
+
 def check_picklable(fn: Callable[..., float]) -> None:
     """Fail early, naming the fix, if `fn` cannot be sent to a worker process."""
     try:
@@ -76,13 +117,21 @@ class RewardPool:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._warm: dict[int, list[concurrent.futures.Future]] = {}  # id(pool) -> one start-up probe a worker
         self._lock = threading.Lock()
+        self.with_main = False  # whether the workers import the parent's main module
 
-    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+    def _executor(self, fn: Callable[..., float]) -> concurrent.futures.ProcessPoolExecutor:
+        with_main = self.with_main or needs_main(fn)
         with self._lock:
+            if with_main and not self.with_main:  # from now on, workers that can unpickle it
+                self.with_main = True
+                lean, self._pool = self._pool, None
+                if lean is not None:
+                    self._warm.pop(id(lean), None)
+                    lean.shutdown(wait=False)  # its calls in flight finish there
             if self._pool is None:
                 self._pool = concurrent.futures.ProcessPoolExecutor(
                     self.max_workers,
-                    mp_context=multiprocessing.get_context("spawn"),
+                    mp_context=multiprocessing.get_context("spawn") if self.with_main else _LeanContext(),
                     initializer=_worker_init,
                     initargs=(os.getpid(),),
                 )
@@ -102,9 +151,9 @@ class RewardPool:
     async def _warm_up(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
         """Wait until every worker has started before timing any call.
 
-        A spawned worker imports the parent's main module (often torch and transformers),
-        which can take longer than a reward's timeout on a loaded machine; counting that
-        start-up against the first calls would time them out and replace the pool forever.
+        A worker's start (with the parent's main module: often torch and transformers) can
+        take longer than a reward's timeout on a loaded machine; counting that start-up
+        against the first calls would time them out and replace the pool forever.
         """
         with self._lock:
             ready = self._warm.get(id(pool))
@@ -125,7 +174,7 @@ class RewardPool:
     async def ascore(self, fn: Callable[..., float], *args: Any, **kwargs: Any) -> float:
         """`fn(*args, **kwargs)` in a worker. Raises RewardTimeout or RewardError."""
         for attempt in range(2):  # a call caught in a pool replaced for another's timeout is retried once
-            pool = self._executor()
+            pool = self._executor(fn)
             try:
                 await self._warm_up(pool)
             except BrokenProcessPool:

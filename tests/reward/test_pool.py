@@ -50,3 +50,44 @@ def test_bad_pool_settings():
         RewardPool(max_workers=0)
     with pytest.raises(ValueError, match="timeout=0"):
         RewardPool(timeout=0)
+
+
+# A training script with a reward of its own: its top level reports each process that runs it.
+SCRIPT = """
+import json, os, sys
+print(json.dumps({"main_run_in": os.getpid(), "as": __name__}), file=sys.stderr, flush=True)
+from arealite.reward.math import gsm8k_reward_fn
+from arealite.reward.pool import RewardPool
+
+def scripts_reward(prompt, completion, *args, **kwargs):
+    return 0.25
+
+if __name__ == "__main__":
+    with RewardPool(max_workers=2, timeout=60) as pool:
+        steps = [(pool.score(gsm8k_reward_fn, "p", "#### 7", [1], [2], answer="7"), pool.with_main)]
+        steps.append((pool.score(scripts_reward, "p", "c"), pool.with_main))
+        steps.append((pool.score(gsm8k_reward_fn, "p", "#### 8", [1], [2], answer="7"), pool.with_main))
+    print(json.dumps(steps), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_workers_import_the_main_module_only_for_a_reward_defined_there(tmp_path):
+    """A reward from an importable module is scored by workers that never ran the training
+    script's top level (its imports: torch, transformers); the first reward defined in the
+    script moves the pool to workers that did, and it scores there."""
+    import json
+    import subprocess
+    import sys
+
+    from arealite.launcher.process import with_package_path
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [[1.0, False], [0.25, True], [0.0, True]]
+    runs = [json.loads(line)["as"] for line in proc.stderr.splitlines() if line.startswith('{"main_run_in"')]
+    # the script itself, then only the two workers started for its own reward (not the first two)
+    assert runs == ["__main__", "__mp_main__", "__mp_main__"], runs
