@@ -120,7 +120,7 @@ def test_progress_resets_the_clock(builtin_server, caplog):
     # its own engine, with a stall_timeout several times each step's gap (a sleep and a 1-token
     # /generate): on a 2-core machine busy with the suite's other workers, a step has taken
     # longer than STALL_S end to end
-    stall_s = 3.0
+    stall_s = 4.0
     config = InferenceEngineConfig(
         setup_timeout=30, request_timeout=60, stall_timeout=stall_s, health_check_timeout=PROBE_S
     )
@@ -129,8 +129,8 @@ def test_progress_resets_the_clock(builtin_server, caplog):
 
     class Slow:
         async def arun_episode(self, engine, data):
-            for _ in range(5):  # 5 x 0.8 s > stall_timeout, each step a /generate call
-                await asyncio.sleep(0.8)
+            for _ in range(7):  # 7 x 0.7 s > stall_timeout, each step a /generate call
+                await asyncio.sleep(0.7)
                 resp = await engine.agenerate(
                     ModelRequest(input_ids=[5, 6], gconfig=GenerationHyperparameters(max_new_tokens=1))
                 )
