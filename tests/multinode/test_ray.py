@@ -117,7 +117,7 @@ def test_lost_trainer_host_fails_naming_it_and_relaunch_resumes(ray_cluster, tmp
     assert f"lost trainer rank {rank} on node {lost.addr}" in out, out[-3000:]
     assert failed_after <= dist_timeout, f"the run took {failed_after:.0f}s to fail (dist_timeout {dist_timeout}s)"
     # the setting reached the launcher's poll: with the default alone the run fails later than this
-    assert failed_after < 3 * call_timeout, f"the run took {failed_after:.0f}s to fail (ray_call_timeout {call_timeout}s)"
+    assert failed_after < 3 * call_timeout, f"the run took {failed_after:.0f}s to fail (call timeout {call_timeout}s)"
 
     lost.restore()
     ray_cluster.rejoin(lost)  # the host is back (or replaced): the relaunch needs three nodes again
