@@ -89,8 +89,12 @@ class _LeanContext(multiprocessing.context.SpawnContext):
 
 
 def needs_main(fn: Callable[..., float]) -> bool:
-    """Whether unpickling `fn` refers to the parent's main module (its code is defined there)."""
-    return b"__main__" in pickle.dumps(fn)
+    """Whether unpickling `fn` refers to the parent's main module (its code is defined there).
+    An unpicklable `fn` is left to the call, which reports it as a RewardError."""
+    try:
+        return b"__main__" in pickle.dumps(fn)
+    except Exception:
+        return False
 
 
 def check_picklable(fn: Callable[..., float]) -> None:

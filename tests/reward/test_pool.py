@@ -45,6 +45,12 @@ def test_unpicklable_reward_fails_early():
         check_picklable(lambda *a, **k: 1.0)
 
 
+@pytest.mark.timeout(120)
+def test_unpicklable_reward_through_the_pool_is_a_reward_error(pool):
+    with pytest.raises(RewardError, match="[Cc]an.t pickle"):
+        pool.score(lambda *a, **k: 1.0)
+
+
 def test_bad_pool_settings():
     with pytest.raises(ValueError, match="max_workers=0"):
         RewardPool(max_workers=0)
