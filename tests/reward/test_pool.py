@@ -58,10 +58,11 @@ def test_bad_pool_settings():
         RewardPool(timeout=0)
 
 
-# A training script with a reward of its own: its top level reports each process that runs it.
+# A training script with a reward of its own: its top level records each process that runs it.
 SCRIPT = """
-import json, os, sys
-print(json.dumps({"main_run_in": os.getpid(), "as": __name__}), file=sys.stderr, flush=True)
+import json, os
+with open(os.path.join(os.environ["RUNS_DIR"], f"{os.getpid()}.json"), "w") as f:
+    json.dump({"as": __name__}, f)
 from arealite.reward.math import gsm8k_reward_fn
 from arealite.reward.pool import RewardPool
 
@@ -90,10 +91,12 @@ def test_workers_import_the_main_module_only_for_a_reward_defined_there(tmp_path
 
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    env = dict(with_package_path(None), OMP_NUM_THREADS="1")
+    runs_dir = tmp_path / "runs"  # a file per process that ran the script's top level
+    runs_dir.mkdir()
+    env = dict(with_package_path(None), OMP_NUM_THREADS="1", RUNS_DIR=str(runs_dir))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=110)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [[1.0, False], [0.25, True], [0.0, True]]
-    runs = [json.loads(line)["as"] for line in proc.stderr.splitlines() if line.startswith('{"main_run_in"')]
+    runs = sorted(json.loads(path.read_text())["as"] for path in runs_dir.iterdir())
     # the script itself, then only the two workers started for its own reward (not the first two)
     assert runs == ["__main__", "__mp_main__", "__mp_main__"], runs
