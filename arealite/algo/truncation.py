@@ -94,6 +94,17 @@ def truncation_columns(truncations: list[Truncation], like: torch.Tensor):
     return top_k, top_p, min_p
 
 
+@torch.no_grad()
+def kept_set(rows: torch.Tensor, truncation: Truncation, targets: torch.Tensor) -> torch.Tensor:
+    """The tokens `truncation` keeps of `rows` [N, V] (logits / T), each row's target always
+    among them: bool [N, V]."""
+    if truncation.rule == "sequential":
+        keep = sequential_keep_mask(rows, truncation)
+    else:
+        keep = keep_mask(rows, [truncation] * rows.shape[0])
+    return keep.scatter_(-1, targets[:, None], True)
+
+
 def truncated_token_logprobs(scaled: torch.Tensor, targets: torch.Tensor, truncation: Truncation, chunk: int = 256):
     """log p(target) under the truncated, renormalised softmax(`scaled`) [N, V] -> [N] fp32.
 
@@ -102,12 +113,7 @@ def truncated_token_logprobs(scaled: torch.Tensor, targets: torch.Tensor, trunca
     the sort `chunk` at a time to bound memory; gradients flow through `scaled`."""
     out = []
     for rows, tgt in zip(scaled.split(chunk), targets.split(chunk)):
-        with torch.no_grad():
-            if truncation.rule == "sequential":
-                keep = sequential_keep_mask(rows, truncation)
-            else:
-                keep = keep_mask(rows, [truncation] * rows.shape[0])
-            keep.scatter_(-1, tgt[:, None], True)
+        keep = kept_set(rows, truncation, tgt)
         rows = rows.float()
         norm = torch.logsumexp(rows.masked_fill(~keep, float("-inf")), dim=-1)
         out.append(rows.gather(-1, tgt[:, None]).squeeze(-1) - norm)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from arealite.algo.truncation import Truncation, keep_mask, sequential_keep_mask
+from arealite.algo.truncation import Truncation, kept_set
 from arealite.utils.net import free_ports
 from tests.devices import train_device_env
 
@@ -21,12 +21,7 @@ def plain_next_token_logprobs(x: torch.Tensor, nxt: torch.Tensor, truncation: Tr
     log-normaliser runs over the kept set of arealite/algo/truncation.py, the target always kept."""
     if truncation is None:
         return torch.log_softmax(x, -1).gather(-1, nxt[:, None]).squeeze(-1)
-    with torch.no_grad():
-        if truncation.rule == "sequential":
-            keep = sequential_keep_mask(x, truncation)
-        else:
-            keep = keep_mask(x, [truncation] * x.shape[0])
-        keep.scatter_(-1, nxt[:, None], True)
+    keep = kept_set(x, truncation, nxt)
     return x.gather(-1, nxt[:, None]).squeeze(-1) - torch.logsumexp(x.masked_fill(~keep, float("-inf")), -1)
 
 
