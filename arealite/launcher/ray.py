@@ -149,17 +149,6 @@ def placement_bundles(config: GRPOConfig, backend: str, cluster_gpus: bool) -> l
     )
 
 
-def _get(refs, what: str, timeout: float):
-    """ray.get with a timeout (launcher.ray_call_timeout; Ray can otherwise wait forever); an actor
-    that died or hung becomes a LaunchError naming `what`."""
-    try:
-        return ray.get(refs, timeout=timeout)
-    except ray.exceptions.GetTimeoutError as e:
-        raise LaunchError(f"{what}: no answer within launcher.ray_call_timeout={timeout:g}s") from e
-    except ray.exceptions.RayActorError as e:
-        raise LaunchError(f"{what}: an actor died: {e}") from e
-
-
 class RayRun:
     """One launch on a Ray cluster."""
 
@@ -179,7 +168,14 @@ class RayRun:
         self.call_timeout = self.config.launcher.ray_call_timeout
 
     def _get(self, refs, what: str):
-        return _get(refs, what, self.call_timeout)
+        """ray.get within launcher.ray_call_timeout (Ray can otherwise wait forever); an actor
+        that died or hung becomes a LaunchError naming `what`."""
+        try:
+            return ray.get(refs, timeout=self.call_timeout)
+        except ray.exceptions.GetTimeoutError as e:
+            raise LaunchError(f"{what}: no answer within launcher.ray_call_timeout={self.call_timeout:g}s") from e
+        except ray.exceptions.RayActorError as e:
+            raise LaunchError(f"{what}: an actor died: {e}") from e
 
     def connect(self) -> str:
         """Join the configured cluster, or start a local one; the host servers bind to."""
