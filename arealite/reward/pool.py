@@ -122,9 +122,14 @@ class RewardPool:
         self._warm: dict[int, list[concurrent.futures.Future]] = {}  # id(pool) -> one start-up probe a worker
         self._lock = threading.Lock()
         self.with_main = False  # whether the workers import the parent's main module
+        self._lean_fn: Callable[..., float] | None = None  # the last function found not to need it
 
     def _executor(self, fn: Callable[..., float]) -> concurrent.futures.ProcessPoolExecutor:
-        with_main = self.with_main or needs_main(fn)
+        with_main = self.with_main
+        if not with_main and fn is not self._lean_fn:  # pickled once per function, not per call
+            with_main = needs_main(fn)
+            if not with_main:
+                self._lean_fn = fn
         with self._lock:
             if with_main and not self.with_main:  # from now on, workers that can unpickle it
                 self.with_main = True
