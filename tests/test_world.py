@@ -51,9 +51,14 @@ def test_more_local_ranks_than_gpus_is_refused_naming_both(monkeypatch):
 
 STALLING_RANKS = """
 import os, signal, sys, time
-from arealite import world
-world.init_distributed(backend="gloo", timeout=float(sys.argv[1]))
+from pathlib import Path
 import torch
+from arealite import world
+ready = Path(sys.argv[3])  # every rank has imported torch before any starts the rendezvous, whose
+(ready / os.environ["RANK"]).touch()  # store waits are held to dist_timeout too, on a busy machine as well
+while len(list(ready.iterdir())) < int(os.environ["WORLD_SIZE"]):
+    time.sleep(0.05)
+world.init_distributed(backend="gloo", timeout=float(sys.argv[1]))
 t = torch.ones(4)
 for step in range(6):
     if world.rank() == int(sys.argv[2]) and step == 3:
@@ -71,7 +76,8 @@ def test_a_stalled_rank_is_named_within_dist_timeout_and_the_window(tmp_path):
     script.write_text(STALLING_RANKS)
     dist_timeout, lost = 3.0, 1
     cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", "3", f"--master-port={free_ports(1)[0]}",
-           str(script), str(dist_timeout), str(lost)]  # fmt: skip
+           str(script), str(dist_timeout), str(lost), str(tmp_path / "ready")]  # fmt: skip
+    (tmp_path / "ready").mkdir()
     env = subprocess_env(AREALITE_TRAIN_DEVICE="cpu")  # gloo ranks, however many GPUs are visible
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # fmt: skip

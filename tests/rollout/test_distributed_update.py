@@ -18,6 +18,13 @@ from arealite.weight_sync.group import broadcast, init_custom_process_group
 from tests.tolerance import assert_close
 
 pytestmark = pytest.mark.timeout(180)
+LONG = 1000  # tokens of the answer a sync lands in (the tiny model's context is 1024)
+ATTEMPTS = 5
+
+
+def running_on(servers) -> int:
+    """Requests the servers are generating (held ones included while paused in place)."""
+    return sum(s.get("/get_server_info")[1]["internal_states"][0]["num_running"] for s in servers)
 
 
 def push(engine: RemoteSGLangEngine, pg, meta: WeightUpdateMeta, params: dict[str, torch.Tensor], version: int) -> None:
@@ -84,15 +91,22 @@ def test_distributed_update_changes_weights_and_versions(two_servers, tiny_model
         # pause_mode=in_place (read per call): a long request stays on its server over the
         # broadcast and finishes with the perturbed weights; no flush is asked for (docs/protocol.md §3.9)
         engine.config.pause_mode = "in_place"
-        long = ModelRequest(
-            input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=160, temperature=0.0)
-        )
-        running = engine.loop.submit(engine.agenerate(long))
-        while sum(s.get("/get_server_info")[1]["internal_states"][0]["num_running"] for s in two_servers) < 1:
-            assert not running.done(), "the request finished before the sync; raise max_new_tokens"
+        for _ in range(ATTEMPTS):  # the pause must catch the answer running, however busy the machine
+            long = ModelRequest(
+                input_ids=[11, 12, 13, 14], gconfig=GenerationHyperparameters(max_new_tokens=LONG, temperature=0.0)
+            )
+            running = engine.loop.submit(engine.agenerate(long))
+            while running_on(two_servers) < 1 and not running.done():
+                pass
+            engine.pause()  # in place: an answer still running stays on its server, where it is
+            if running_on(two_servers) == 1:
+                break
+            engine.resume()  # it ended before the pause landed: again
+            running.result(timeout=120)
+        assert running_on(two_servers) == 1, f"in {ATTEMPTS} answers of {LONG} tokens none was running at the pause"
         push(engine, pg, meta, perturbed, version=9)
         kept = running.result(timeout=120)
-        assert kept.n_interruptions == 0 and (kept.output_len == 160 or kept.stop_reason == "stop")
+        assert kept.n_interruptions == 0 and (kept.output_len == LONG or kept.stop_reason == "stop")
         switch = kept.output_versions.index(9)
         assert switch >= 1 and kept.output_versions == [8] * switch + [9] * (kept.output_len - switch)
         push(engine, pg, meta, original, version=10)  # the servers are shared: leave them as found
