@@ -204,6 +204,10 @@ class RewardPool:
                     raise
                 continue
             except asyncio.TimeoutError:
+                with self._lock:
+                    caught = self._pool is not pool  # killed for another call's timeout while this one waited
+                if caught and attempt == 0:
+                    continue  # its clock counted the wait behind that call: run it again in the new pool
                 self._replace(pool)
                 raise RewardTimeout(f"reward {getattr(fn, '__name__', fn)} took longer than {self.timeout}s") from None
             except BrokenProcessPool:

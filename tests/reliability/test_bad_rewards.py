@@ -95,3 +95,21 @@ def test_calls_queued_behind_a_hung_reward_are_not_cancelled():
     assert isinstance(results[0], RewardTimeout), results
     assert results[1:] == [1.0] * 4, [repr(r) for r in results]
     assert not any(isinstance(r, float) and math.isnan(r) for r in results)
+
+
+def test_a_call_whose_clock_ran_out_behind_a_hung_one_is_run_again():
+    """A call submitted with a hung one to a single worker waits behind it, and its clock (which
+    counts the wait) runs out with the hung call's. Only the hung call is a timeout: the other,
+    its pool killed for the hung one, runs again in the fresh pool and scores."""
+
+    async def run() -> list:
+        pool = RewardPool(max_workers=1, timeout=3.0)
+        try:
+            await pool.ascore(rewards.one, "", "", [], [])  # start the worker before timing anything
+            hung = pool.ascore(rewards.hangs_on_first, "", "", [], [], hang=True)
+            return await asyncio.gather(hung, pool.ascore(rewards.one, "", "", [], []), return_exceptions=True)
+        finally:
+            pool.close()
+
+    results = asyncio.run(run())
+    assert isinstance(results[0], RewardTimeout) and results[1] == 1.0, [repr(r) for r in results]
