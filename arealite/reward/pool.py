@@ -146,16 +146,18 @@ class RewardPool:
                 )
             return self._pool
 
-    def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
-        """Kill a pool with a stuck worker; the next call starts a fresh one."""
+    def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> bool:
+        """Kill a pool with a stuck worker; the next call starts a fresh one. False where it was
+        already replaced (for another call)."""
         with self._lock:
             if self._pool is not broken:
-                return
+                return False
             self._pool = None
             self._warm.pop(id(broken), None)
         for process in list(getattr(broken, "_processes", {}).values()):  # no public kill in 3.11
             process.kill()
         broken.shutdown(wait=False, cancel_futures=True)
+        return True
 
     async def _warm_up(self, pool: concurrent.futures.ProcessPoolExecutor) -> None:
         """Wait until every worker has started before timing any call.
@@ -204,11 +206,10 @@ class RewardPool:
                     raise
                 continue
             except asyncio.TimeoutError:
-                with self._lock:
-                    caught = self._pool is not pool  # killed for another call's timeout while this one waited
-                if caught and attempt == 0:
-                    continue  # its clock counted the wait behind that call: run it again in the new pool
-                self._replace(pool)
+                if not self._replace(pool) and attempt == 0:
+                    # its pool was killed for another call's timeout while this one waited, and its
+                    # clock counted that wait: run it again in the new pool
+                    continue
                 raise RewardTimeout(f"reward {getattr(fn, '__name__', fn)} took longer than {self.timeout}s") from None
             except BrokenProcessPool:
                 self._replace(pool)
